@@ -138,6 +138,8 @@ class LeaderboardChanged(Message):
     best_id: str
     best_score: float
     top: list[tuple[str, float]] = dataclasses.field(default_factory=list)
+    checkpoints: int = 0
+    total_env_steps: int = 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -281,6 +283,8 @@ _FIELDS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "best_id": (_is_str, "a string"),
         "best_score": (_is_finite, "a finite number"),
         "top": (_is_top, "a list of [id, score]"),
+        "checkpoints": (_is_int, "an integer"),
+        "total_env_steps": (_is_int, "an integer"),
     },
     "stop": {"reason": (_is_str, "a string")},
     "scale": {"node": (_is_str, "a string"), "pods": (_is_int, "an integer")},

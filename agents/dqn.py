@@ -1,0 +1,285 @@
+"""Deep Q-Network (Mnih et al. 2015) with Double (van Hasselt et al. 2016) and Dueling
+(Wang et al. 2016) variants, on batched torch envs with discrete actions.
+
+Epsilon-greedy exploration whose epsilon decays linearly from ``epsilon_start`` to
+``epsilon_end`` over ``epsilon_decay_steps`` env steps (summed over copies), a target
+network refreshed every ``target_update_interval`` gradient steps (hard copy at
+``target_tau=1``, Polyak otherwise), Huber TD loss and gradient-norm clipping. With
+``double`` the online network picks the next action and the target network values it;
+with ``dueling`` Q = V + A - mean(A) from a shared trunk. One training iteration
+explores ``steps_per_iter`` steps on each of ``num_envs`` copies, then takes
+``updates_per_iter`` gradient steps.
+
+Checkpoints: ``state_dict`` holds the Q network, its target, the Adam optimizer
+(moments and step counts), the RNG states and the counters (which also fix epsilon).
+The replay buffer is included only with ``checkpoint_replay=True``; without it a
+restored agent refills its buffer before updating again, so resumption is exact only
+with the flag on.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+import gymnasium
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from agents.base import AlgorithmSpec, SearchDim
+from agents.networks import HIDDEN_GAIN, flat_dim, mlp, orthogonal_init
+from agents.replay import (
+    Batch,
+    ReplayBuffer,
+    StateDict,
+    check_positive,
+    check_unit,
+    load_training_state,
+    polyak,
+    save_training_state,
+    seeded_generator,
+    store_step,
+)
+from broker.errors import ConfigError
+from envs.base import VecEnv
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class DQNConfig:
+    """DQN hyperparameters; defaults are tuned for batched torch CartPole."""
+
+    SEARCH_SPACE: ClassVar[Mapping[str, SearchDim]] = MappingProxyType({
+        "lr": SearchDim(1e-4, 3e-3, log=True),
+        "gamma": SearchDim(0.95, 0.995),
+        "batch_size": SearchDim(32, 512, log=True, integer=True),
+        "updates_per_iter": SearchDim(1, 16, log=True, integer=True),
+        "target_update_interval": SearchDim(10, 1000, log=True, integer=True),
+        "epsilon_end": SearchDim(0.01, 0.1, log=True),
+    })
+
+    num_envs: int = 32
+    """Parallel env copies explored in one batch."""
+    steps_per_iter: int = 1
+    """Env steps per copy collected in one training iteration."""
+    updates_per_iter: int = 2
+    """Gradient steps per training iteration (sets the replay ratio)."""
+    batch_size: int = 128
+    """Transitions per gradient step."""
+    buffer_size: int = 100_000
+    """Replay capacity in transitions (preallocated on the device)."""
+    learning_starts: int = 1_000
+    """Transitions collected before updates begin."""
+    gamma: float = 0.99
+    """Discount factor."""
+    lr: float = 1e-3
+    """Adam learning rate."""
+    epsilon_start: float = 1.0
+    """Exploration rate at the first env step."""
+    epsilon_end: float = 0.05
+    """Exploration rate after the decay."""
+    epsilon_decay_steps: int = 15_000
+    """Env steps (over all copies) of the linear epsilon decay."""
+    target_update_interval: int = 100
+    """Gradient steps between target-network updates."""
+    target_tau: float = 1.0
+    """Target update fraction (1.0 = hard copy)."""
+    max_grad_norm: float = 10.0
+    """Gradient-norm clip of each step."""
+    double: bool = True
+    """Double DQN: the online net chooses the next action, the target net values it."""
+    dueling: bool = False
+    """Dueling heads: Q = V + A - mean(A)."""
+    hidden_size: int = 128
+    """Width of every hidden layer."""
+    hidden_layers: int = 2
+    """Number of hidden layers."""
+    checkpoint_replay: bool = False
+    """Put the replay buffer in state_dict (big checkpoints, but exact resumption)."""
+
+    def __post_init__(self) -> None:
+        check_positive(self, "num_envs", "steps_per_iter", "updates_per_iter", "batch_size",
+                       "buffer_size", "lr", "epsilon_decay_steps", "target_update_interval",
+                       "target_tau", "max_grad_norm", "hidden_size", "hidden_layers")
+        check_unit(self, "gamma", "epsilon_start", "epsilon_end", "target_tau")
+        if self.learning_starts < 0:
+            raise ConfigError("learning_starts", f"must be >= 0, got {self.learning_starts}")
+
+
+class QNetwork(nn.Module):
+    """Q values of every action ``[B, n_actions]``, plain or dueling."""
+
+    def __init__(self, obs_dim: int, n_actions: int, hidden: int, layers: int,
+                 dueling: bool) -> None:
+        super().__init__()
+        self.dueling = dueling
+        if dueling:
+            self.trunk = mlp([obs_dim, *[hidden] * layers], nn.ReLU, out_gain=HIDDEN_GAIN,
+                             out_activation=nn.ReLU)
+            self.value = orthogonal_init(nn.Linear(hidden, 1), 1.0)
+            self.advantage = orthogonal_init(nn.Linear(hidden, n_actions), 1.0)
+        else:
+            self.trunk = mlp([obs_dim, *[hidden] * layers, n_actions], nn.ReLU)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Q values ``[B, n_actions]``."""
+        features: torch.Tensor = self.trunk(obs.flatten(1))
+        if not self.dueling:
+            return features
+        advantage = self.advantage(features)
+        return self.value(features) + advantage - advantage.mean(dim=-1, keepdim=True)
+
+
+class DQNAgent:
+    """DQN with epsilon-greedy exploration, a target network and Double/Dueling flags."""
+
+    def __init__(self, obs_space: gymnasium.spaces.Space[Any], act_space: gymnasium.spaces.Space[Any],
+                 config: DQNConfig, device: torch.device, seed: int) -> None:
+        if not isinstance(act_space, gymnasium.spaces.Discrete):
+            raise ConfigError("algorithm", f"DQN needs a Discrete action space, got {act_space}",
+                              "use sac, td3, ddpg or ppo for continuous actions")
+        self.config = config
+        self.device = torch.device(device)
+        self.env_steps = 0
+        self.updates = 0
+        self.n_actions = int(act_space.n)
+        self._action_start = int(act_space.start)
+        with torch.random.fork_rng(devices=[]):  # seed the init without touching global RNG
+            torch.manual_seed(seed)
+            self.q = QNetwork(flat_dim(obs_space.shape), self.n_actions, config.hidden_size,
+                              config.hidden_layers, config.dueling)
+        self.q.to(self.device)
+        self.q_target = copy.deepcopy(self.q).requires_grad_(False)
+        self.opt = torch.optim.Adam(self.q.parameters(), lr=config.lr)
+        self.buffer = ReplayBuffer(config.buffer_size, obs_space.shape or (), (), self.device,
+                                   action_dtype=torch.int64)
+        self._explore_gen = seeded_generator(seed + 1, self.device)
+        self._sample_gen = seeded_generator(seed + 2, self.device)
+        self._env: VecEnv | None = None
+        self._obs: torch.Tensor | None = None
+
+    # ---------------------------------------------------------------- acting
+
+    def epsilon(self) -> float:
+        """The current exploration rate (a function of ``env_steps``)."""
+        cfg = self.config
+        fraction = min(1.0, self.env_steps / cfg.epsilon_decay_steps)
+        return cfg.epsilon_start + fraction * (cfg.epsilon_end - cfg.epsilon_start)
+
+    def _epsilon_greedy(self, obs: torch.Tensor, epsilon: float) -> torch.Tensor:
+        greedy = self.q(obs).argmax(dim=-1)
+        n = obs.shape[0]
+        explore = torch.rand(n, generator=self._explore_gen, device=self.device) < epsilon
+        random = torch.randint(0, self.n_actions, (n,), generator=self._explore_gen,
+                               device=self.device)
+        return torch.where(explore, random, greedy)
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
+        """Env actions ``int64[B]``: greedy, or epsilon-greedy at the current epsilon."""
+        obs = obs.to(self.device, torch.float32)
+        index = self.q(obs).argmax(dim=-1) if deterministic else (
+            self._epsilon_greedy(obs, self.epsilon()))
+        return index + self._action_start
+
+    @torch.no_grad()
+    def explore(self, env: VecEnv, steps: int) -> dict[str, float]:
+        """Collect ``steps`` epsilon-greedy transitions per copy into the buffer."""
+        if env is not self._env or self._obs is None:
+            # a new env (or a restored agent) starts from a reset seeded by the agent's RNG
+            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._explore_gen,
+                                     device=self.device))
+            self._obs, _ = env.reset(seed=seed)
+            self._env = env
+        obs = self._obs.to(self.device, torch.float32)
+        reward_sum, ended_sum = 0.0, 0
+        for _ in range(steps):
+            action = self._epsilon_greedy(obs, self.epsilon())
+            next_obs, reward, ended = store_step(env, self.buffer, obs, action,
+                                                 action + self._action_start)
+            obs = next_obs.to(self.device, torch.float32)
+            self.env_steps += obs.shape[0]
+            reward_sum += float(reward.sum())
+            ended_sum += int(ended.sum())
+        self._obs = obs
+        return {"rollout/reward_mean": reward_sum / max(1, steps * obs.shape[0]),
+                "rollout/episodes_ended": float(ended_sum), "rollout/epsilon": self.epsilon()}
+
+    # ---------------------------------------------------------------- learning
+
+    def _update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        cfg = self.config
+        with torch.no_grad():
+            next_q = self.q_target(batch.next_obs)
+            if cfg.double:
+                choice = self.q(batch.next_obs).argmax(dim=-1, keepdim=True)
+                next_value = next_q.gather(1, choice).squeeze(1)
+            else:
+                next_value = next_q.max(dim=-1).values
+            target = batch.reward + cfg.gamma * (1.0 - batch.done) * next_value
+        q = self.q(batch.obs).gather(1, batch.action.unsqueeze(1)).squeeze(1)
+        loss = F.smooth_l1_loss(q, target)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(self.q.parameters(), cfg.max_grad_norm)
+        self.opt.step()
+        self.updates += 1
+        if self.updates % cfg.target_update_interval == 0:
+            polyak(self.q_target, self.q, cfg.target_tau)
+        return {"losses/td": loss.detach(), "losses/q_mean": q.detach().mean(),
+                "losses/grad_norm": grad_norm.detach()}
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """One gradient step on ``batch`` (and a target update every interval)."""
+        return {k: float(v) for k, v in self._update(batch).items()}
+
+    def train_iteration(self, env: VecEnv) -> dict[str, float]:
+        """Explore ``steps_per_iter`` steps per copy, then ``updates_per_iter`` updates."""
+        cfg = self.config
+        metrics = self.explore(env, cfg.steps_per_iter)
+        if len(self.buffer) < max(cfg.batch_size, cfg.learning_starts):
+            return metrics
+        sums: dict[str, torch.Tensor] = {}
+        for _ in range(cfg.updates_per_iter):
+            for key, value in self._update(self.buffer.sample(cfg.batch_size,
+                                                              self._sample_gen)).items():
+                sums[key] = sums.get(key, 0.0) + value
+        metrics.update({k: float(v) / cfg.updates_per_iter for k, v in sums.items()})
+        return metrics
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def _parts(self) -> dict[str, nn.Module | torch.Tensor]:
+        return {"q": self.q, "q_target": self.q_target}
+
+    def state_dict(self) -> StateDict:
+        """Full training state (the buffer only with ``checkpoint_replay``)."""
+        return save_training_state(
+            self._parts(), {"opt": self.opt},
+            {"explore": self._explore_gen, "sample": self._sample_gen},
+            {"env_steps": self.env_steps, "updates": self.updates},
+            self.buffer if self.config.checkpoint_replay else None)
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Restore ``state_dict`` output exactly; the next ``explore`` resets its env."""
+        counters = load_training_state(
+            state, self._parts(), {"opt": self.opt},
+            {"explore": self._explore_gen, "sample": self._sample_gen},
+            ("env_steps", "updates"), self.buffer)
+        self.env_steps, self.updates = counters["env_steps"], counters["updates"]
+        self._env, self._obs = None, None
+
+
+def build(obs_space: gymnasium.spaces.Space[Any], act_space: gymnasium.spaces.Space[Any],
+          config: DQNConfig, device: torch.device, seed: int) -> DQNAgent:
+    """Build a fresh DQN agent (the ``AlgorithmSpec`` factory)."""
+    return DQNAgent(obs_space, act_space, config, device, seed)
+
+
+SPEC = AlgorithmSpec("dqn", DQNConfig, build, discrete=True, continuous=False)

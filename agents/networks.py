@@ -1,0 +1,142 @@
+"""Small building blocks shared by the algorithms: MLPs with orthogonal init.
+
+Every network in Podracer is an MLP over a flat observation. ``mlp`` builds one with
+orthogonal weights (gain sqrt(2) for hidden layers, ``out_gain`` for the last layer:
+a small gain such as 0.01 keeps a fresh policy near-uniform, 1.0 suits critics), the
+init CleanRL and the PPO implementation-details study found to matter.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from broker.errors import ConfigError
+
+HIDDEN_GAIN = math.sqrt(2.0)
+
+
+def orthogonal_init(layer: nn.Linear, gain: float = HIDDEN_GAIN, bias: float = 0.0) -> nn.Linear:
+    """Initialise ``layer`` in place with orthogonal weights and a constant bias; return it."""
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.constant_(layer.bias, bias)
+    return layer
+
+
+def mlp(
+    sizes: Sequence[int],
+    activation: type[nn.Module] = nn.Tanh,
+    out_gain: float = 1.0,
+    out_activation: type[nn.Module] | None = None,
+) -> nn.Sequential:
+    """An MLP ``sizes[0] -> ... -> sizes[-1]``, orthogonally initialised.
+
+    ``activation`` follows every hidden layer; ``out_activation`` (e.g. ``nn.Tanh`` for a
+    deterministic actor) follows the last one if given.
+    """
+    if len(sizes) < 2:
+        raise ConfigError("sizes", f"an MLP needs input and output sizes, got {list(sizes)}")
+    layers: list[nn.Module] = []
+    last = len(sizes) - 2
+    for i, (n_in, n_out) in enumerate(itertools.pairwise(sizes)):
+        gain = out_gain if i == last else HIDDEN_GAIN
+        layers.append(orthogonal_init(nn.Linear(n_in, n_out), gain))
+        if i < last:
+            layers.append(activation())
+        elif out_activation is not None:
+            layers.append(out_activation())
+    return nn.Sequential(*layers)
+
+
+def flat_dim(shape: Sequence[int] | None) -> int:
+    """The number of features of an observation of ``shape`` (1 for a scalar)."""
+    return int(math.prod(shape)) if shape else 1
+
+
+class RunningMeanStd(nn.Module):
+    """Running mean / variance of observations (parallel Welford), kept as buffers.
+
+    Being buffers, the statistics travel with ``state_dict`` and so with checkpoints.
+    """
+
+    def __init__(self, shape: Sequence[int], epsilon: float = 1e-4, clip: float = 10.0) -> None:
+        super().__init__()
+        self.clip = clip
+        self.register_buffer("mean", torch.zeros(*shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(*shape, dtype=torch.float64))
+        # float64 count: a pseudo-count epsilon avoids a division by zero before the first update
+        self.register_buffer("count", torch.tensor(epsilon, dtype=torch.float64))
+
+    mean: torch.Tensor
+    var: torch.Tensor
+    count: torch.Tensor
+
+    @torch.no_grad()
+    def update(self, batch: torch.Tensor) -> None:
+        """Fold a batch ``[B, *shape]`` into the statistics."""
+        x = batch.reshape(-1, *self.mean.shape).to(torch.float64)
+        b_mean, b_var, b_count = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        delta = b_mean - self.mean
+        total = self.count + b_count
+        m2 = self.var * self.count + b_var * b_count + delta.square() * self.count * b_count / total
+        self.mean.add_(delta * b_count / total)
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """``(x - mean) / std`` clipped to ``[-clip, clip]``, in ``x``'s dtype."""
+        mean, std = self.mean.to(x.dtype), (self.var + 1e-8).sqrt().to(x.dtype)
+        return ((x - mean) / std).clamp(-self.clip, self.clip)
+
+
+# ------------------------------------------------------------ flat training state
+
+
+def adam_state_tensors(
+    optimizer: torch.optim.Optimizer, params: Mapping[str, nn.Parameter], prefix: str = "optim"
+) -> dict[str, torch.Tensor]:
+    """The live state tensors of an Adam-family ``optimizer``, named ``prefix.<param>.<key>``.
+
+    Adam creates its moments lazily on the first step; this creates them eagerly (zero
+    moments, step 0: Adam treats that exactly like a fresh start) so that a checkpoint
+    can be loaded into an optimizer that has not stepped yet.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for name, param in params.items():
+        state = optimizer.state[param]
+        if not state:
+            state["step"] = torch.tensor(0.0)
+            state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                out[f"{prefix}.{name}.{key}"] = value
+    return out
+
+
+def copy_state(live: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor]) -> None:
+    """Copy ``state`` into the ``live`` tensors in place, all or nothing.
+
+    Raises ``ConfigError`` naming the first missing, unexpected or mis-shaped tensor
+    before anything is written.
+    """
+    missing = sorted(set(live) - set(state))
+    if missing:
+        raise ConfigError(f"state.{missing[0]}", f"missing {len(missing)} tensor(s)",
+                          "the checkpoint was made by another algorithm or network size")
+    extra = sorted(set(state) - set(live))
+    if extra:
+        raise ConfigError(f"state.{extra[0]}", f"unexpected {len(extra)} tensor(s)",
+                          "the checkpoint was made by another algorithm or network size")
+    for name, target in live.items():
+        if tuple(state[name].shape) != tuple(target.shape):
+            raise ConfigError(f"state.{name}",
+                              f"shape {tuple(state[name].shape)} != expected {tuple(target.shape)}",
+                              "match the hidden sizes and env spaces of the checkpoint")
+    with torch.no_grad():
+        for name, target in live.items():
+            target.copy_(state[name])

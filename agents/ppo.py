@@ -1,0 +1,375 @@
+"""Proximal Policy Optimization (clipped surrogate) on batched torch envs.
+
+Reads top to bottom like CleanRL's ``ppo_continuous_action.py``: config, networks,
+rollout, update. Continuous actions use a Gaussian with a state-independent log std,
+acting in a normalised ``[-1, 1]`` box that is rescaled to the env's bounds; discrete
+actions use a Categorical. Episodes cut by a time limit are bootstrapped:
+``gamma * V(final_obs)`` is added to the reward of every truncated (not terminated)
+step. All randomness (action noise, minibatch order, env reset seeds) comes from the
+agent's own ``torch.Generator``, whose state is part of ``state_dict``, so a restored
+agent continues bit for bit.
+
+The defaults are tuned for massively parallel CPU/GPU envs (many copies, short
+rollouts, large minibatches) and reach -200 on the torch Pendulum-v1 in a few seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import gymnasium
+import torch
+from torch import nn
+
+from agents.base import AlgorithmSpec, SearchDim
+from agents.networks import RunningMeanStd, adam_state_tensors, copy_state, flat_dim, mlp
+from agents.rollout import Rollout, gae
+from broker.errors import ConfigError
+from envs.base import VecEnv
+
+log = logging.getLogger(__name__)
+
+LOG_2PI = math.log(2.0 * math.pi)
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOConfig:
+    """Hyperparameters of PPO (all scalars, so they travel in ``Initialization.hparams``)."""
+
+    num_envs: int = 1024
+    """Env copies stepped together; the pod builds its env with this many."""
+    rollout_steps: int = 16
+    """Steps per copy per iteration; one iteration trains on ``num_envs * rollout_steps``."""
+    lr: float = 3e-3
+    """Adam learning rate (actor and critic share one optimizer)."""
+    gamma: float = 0.95
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda: 0 is one-step TD, 1 is Monte Carlo."""
+    clip_coef: float = 0.2
+    """Clip range of the probability ratio in the surrogate objective."""
+    update_epochs: int = 4
+    """Passes over each rollout."""
+    num_minibatches: int = 4
+    """Minibatches per epoch (minibatch size = rollout size / this)."""
+    ent_coef: float = 0.0
+    """Entropy bonus weight."""
+    vf_coef: float = 0.5
+    """Value loss weight."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    norm_adv: bool = True
+    """Normalise advantages per minibatch."""
+    norm_obs: bool = True
+    """Normalise observations by running mean/std (statistics are part of the state)."""
+    reward_scale: float = 0.1
+    """Rewards are multiplied by this before learning (keeps value targets near unit scale)."""
+    hidden_size: int = 64
+    """Width of each hidden layer of the actor and the critic."""
+    hidden_layers: int = 2
+    """Number of hidden layers of the actor and the critic."""
+    init_log_std: float = 0.0
+    """Initial log std of the Gaussian policy (continuous actions only)."""
+
+    SEARCH_SPACE: ClassVar[Mapping[str, SearchDim]] = {
+        "lr": SearchDim(1e-4, 1e-2, log=True),
+        "gamma": SearchDim(0.9, 0.999),
+        "gae_lambda": SearchDim(0.8, 1.0),
+        "clip_coef": SearchDim(0.1, 0.3),
+        "update_epochs": SearchDim(1, 10, integer=True),
+        "ent_coef": SearchDim(0.0, 0.01),
+        "vf_coef": SearchDim(0.25, 1.0),
+        "max_grad_norm": SearchDim(0.3, 2.0),
+        "reward_scale": SearchDim(0.01, 1.0, log=True),
+    }
+
+    def __post_init__(self) -> None:
+        for name in ("num_envs", "rollout_steps", "update_epochs", "num_minibatches",
+                     "hidden_size", "hidden_layers"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"hparams.{name}", f"must be >= 1, got {getattr(self, name)}")
+        for name in ("lr", "clip_coef", "max_grad_norm", "reward_scale"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"hparams.{name}", f"must be > 0, got {getattr(self, name)}")
+        for name in ("gamma", "gae_lambda"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(f"hparams.{name}", f"must be in [0, 1], got {value}")
+        if self.num_envs * self.rollout_steps < self.num_minibatches:
+            raise ConfigError("hparams.num_minibatches", "more minibatches than samples",
+                              "lower num_minibatches or raise num_envs * rollout_steps")
+
+
+class PPOAgent:
+    """A PPO learner satisfying ``agents.base.Agent``."""
+
+    def __init__(
+        self,
+        obs_space: gymnasium.spaces.Space[Any],
+        action_space: gymnasium.spaces.Space[Any],
+        config: PPOConfig,
+        device: torch.device,
+        seed: int,
+    ) -> None:
+        self.config = config
+        self.device = device
+        self.env_steps = 0
+        self.iterations = 0
+        obs_shape = tuple(obs_space.shape or ())
+        self._obs_shape = obs_shape
+        self._action_shape: tuple[int, ...] = ()
+        self._discrete = isinstance(action_space, gymnasium.spaces.Discrete)
+        if self._discrete:
+            assert isinstance(action_space, gymnasium.spaces.Discrete)
+            n_out = int(action_space.n)
+        elif isinstance(action_space, gymnasium.spaces.Box):
+            n_out, self._action_shape = flat_dim(action_space.shape), tuple(action_space.shape)
+            low = torch.as_tensor(action_space.low, dtype=torch.float32, device=device)
+            high = torch.as_tensor(action_space.high, dtype=torch.float32, device=device)
+            self._act_center, self._act_half = (high + low) / 2, (high - low) / 2
+        else:
+            raise ConfigError("env", f"PPO cannot act in {action_space}",
+                              "use an env with a Discrete or Box action space")
+
+        hidden = [config.hidden_size] * config.hidden_layers
+        n_in = flat_dim(obs_shape)
+        with torch.random.fork_rng(devices=[]):
+            # seeded init without touching the process-wide RNG other code relies on
+            torch.manual_seed(seed)
+            self.actor = mlp([n_in, *hidden, n_out], out_gain=0.01).to(device)
+            self.critic = mlp([n_in, *hidden, 1], out_gain=1.0).to(device)
+        # unused (and frozen) for discrete actions; kept so every PPO state has one layout
+        self.log_std = nn.Parameter(torch.full((n_out,), config.init_log_std, device=device),
+                                    requires_grad=not self._discrete)
+        self.obs_rms = RunningMeanStd(obs_shape).to(device)
+        self._params = {
+            **{f"actor.{k}": p for k, p in self.actor.named_parameters()},
+            "actor.log_std": self.log_std,
+            **{f"critic.{k}": p for k, p in self.critic.named_parameters()},
+        }
+        trainable = [p for p in self._params.values() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(trainable, lr=config.lr, eps=1e-5)
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+        # per-env episode bookkeeping; not training state (a new env starts afresh)
+        self._env: VecEnv | None = None
+        self._obs: torch.Tensor | None = None
+        self._ep_return: torch.Tensor | None = None
+        self._rollout: Rollout | None = None
+        self._last_episodes = 0.0
+        self._last_return = math.nan
+
+    # ----------------------------------------------------------------- policy
+
+    def _norm(self, obs: torch.Tensor, update: bool = False) -> torch.Tensor:
+        obs = obs.to(self.device, torch.float32).reshape(-1, *self._obs_shape)
+        if not self.config.norm_obs:
+            return obs
+        if update:
+            self.obs_rms.update(obs)
+        return self.obs_rms.normalize(obs)
+
+    def _flat(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs.reshape(obs.shape[0], -1)
+
+    def value(self, obs_norm: torch.Tensor) -> torch.Tensor:
+        """V of normalised observations, ``[B]``."""
+        return self.critic(self._flat(obs_norm)).squeeze(-1)
+
+    def _sample(self, obs_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw action (normalised space / class index) and its log-probability."""
+        out = self.actor(self._flat(obs_norm))
+        if self._discrete:
+            logp_all = torch.log_softmax(out, -1)
+            action = torch.multinomial(logp_all.exp(), 1, generator=self.generator).squeeze(-1)
+            return action, logp_all.gather(-1, action[:, None]).squeeze(-1)
+        noise = torch.randn(out.shape, generator=self.generator, device=out.device)
+        action = out + noise * self.log_std.exp()
+        logp = (-0.5 * noise.square() - self.log_std - 0.5 * LOG_2PI).sum(-1)
+        return action, logp
+
+    def _evaluate(
+        self, obs_norm: torch.Tensor, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probability and entropy of stored actions under the current policy."""
+        out = self.actor(self._flat(obs_norm))
+        if self._discrete:
+            logp_all = torch.log_softmax(out, -1)
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+            return logp_all.gather(-1, action.long()[:, None]).squeeze(-1), entropy
+        z = (action - out) / self.log_std.exp()
+        logp = (-0.5 * z.square() - self.log_std - 0.5 * LOG_2PI).sum(-1)
+        entropy = (0.5 + 0.5 * LOG_2PI + self.log_std).sum().expand(out.shape[0])
+        return logp, entropy
+
+    def _to_env(self, action: torch.Tensor) -> torch.Tensor:
+        """Map a raw action to the env's action space (clip and rescale a Gaussian sample)."""
+        if self._discrete:
+            return action
+        flat = action.clamp(-1.0, 1.0) * self._act_half.reshape(-1) + self._act_center.reshape(-1)
+        return flat.reshape(-1, *self._action_shape)
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
+        """Env actions for ``obs`` (the mean / most likely action when ``deterministic``)."""
+        obs_norm = self._norm(obs)
+        if not deterministic:
+            return self._to_env(self._sample(obs_norm)[0])
+        out = self.actor(self._flat(obs_norm))
+        return out.argmax(-1) if self._discrete else self._to_env(out)
+
+    # ---------------------------------------------------------------- rollout
+
+    def _attach(self, env: VecEnv) -> torch.Tensor:
+        """The current observation of ``env``; a new env is reset with a seed from our RNG."""
+        if self._env is not env or self._obs is None:
+            seed = int(torch.randint(2**31 - 1, (1,), generator=self.generator,
+                                     device=self.device).item())
+            obs, _ = env.reset(seed=seed)
+            self._env, self._obs = env, obs
+            self._ep_return = torch.zeros(env.num_envs, device=self.device)
+        return self._obs
+
+    @torch.no_grad()
+    def explore(self, env: VecEnv, steps: int) -> Rollout:
+        """Collect ``steps`` transitions per copy into preallocated device storage."""
+        obs = self._attach(env)
+        assert self._ep_return is not None
+        if self._rollout is None or not self._rollout.fits(steps, env.num_envs, self._obs_shape):
+            self._rollout = Rollout(steps, env.num_envs, self._obs_shape, self._action_shape,
+                                    torch.long if self._discrete else torch.float32, self.device)
+        buf, cfg = self._rollout, self.config
+        finished_sum = torch.zeros((), device=self.device)
+        finished = torch.zeros((), device=self.device)
+        for t in range(steps):
+            obs_norm = self._norm(obs, update=True)
+            action, logp = self._sample(obs_norm)
+            value = self.value(obs_norm)
+            obs, reward, terminated, truncated, info = env.step(self._to_env(action))
+            reward = reward.to(self.device, torch.float32)
+            done = terminated | truncated
+            self._ep_return += reward
+            finished_sum += (self._ep_return * done).sum()
+            finished += done.sum()
+            self._ep_return *= ~done
+            learn_reward = reward * cfg.reward_scale
+            cut = truncated & ~terminated
+            if bool(cut.any()):
+                # time-limit cut: bootstrap the tail the episode would have had
+                final_value = self.value(self._norm(info["final_obs"]))
+                learn_reward = learn_reward + cfg.gamma * final_value * cut
+            buf.put(t, obs_norm, action, logp, value, learn_reward, done)
+        self._obs = obs
+        buf.last_value.copy_(self.value(self._norm(obs)))
+        self.env_steps += steps * env.num_envs
+        self._last_episodes = float(finished)
+        self._last_return = float(finished_sum / finished) if float(finished) > 0 else math.nan
+        return buf
+
+    # ----------------------------------------------------------------- update
+
+    def update(self, batch: Rollout) -> dict[str, float]:
+        """PPO epochs over one rollout; returns namespaced means of the losses."""
+        cfg = self.config
+        with torch.no_grad():
+            advantages = gae(batch.rewards, batch.values, batch.dones, batch.last_value,
+                             cfg.gamma, cfg.gae_lambda)
+            returns = advantages + batch.values
+        b_obs = batch.obs.reshape(-1, *self._obs_shape)
+        b_actions = batch.actions.reshape(-1, *batch.actions.shape[2:])
+        b_logp, b_adv = batch.logprobs.reshape(-1), advantages.reshape(-1)
+        b_ret, b_val = returns.reshape(-1), batch.values.reshape(-1)
+        size = b_obs.shape[0]
+        mb_size = size // cfg.num_minibatches
+        sums = torch.zeros(5, device=self.device)
+        for _ in range(cfg.update_epochs):
+            order = torch.randperm(size, generator=self.generator, device=self.device)
+            for start in range(0, mb_size * cfg.num_minibatches, mb_size):
+                idx = order[start:start + mb_size]
+                logp, entropy = self._evaluate(b_obs[idx], b_actions[idx])
+                log_ratio = logp - b_logp[idx]
+                ratio = log_ratio.exp()
+                adv = b_adv[idx]
+                if cfg.norm_adv:
+                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                pg_loss = torch.max(-adv * ratio,
+                                    -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
+                v_loss = 0.5 * (self.value(b_obs[idx]) - b_ret[idx]).square().mean()
+                ent = entropy.mean()
+                loss = pg_loss - cfg.ent_coef * ent + cfg.vf_coef * v_loss
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"],
+                                         cfg.max_grad_norm)
+                self.optimizer.step()
+                with torch.no_grad():
+                    approx_kl = ((ratio - 1) - log_ratio).mean()
+                    clipfrac = ((ratio - 1).abs() > cfg.clip_coef).float().mean()
+                    sums += torch.stack([pg_loss, v_loss, ent, approx_kl, clipfrac]).detach()
+        self.iterations += 1
+        means = (sums / (cfg.update_epochs * cfg.num_minibatches)).tolist()
+        explained = 1.0 - float((b_ret - b_val).var() / (b_ret.var() + 1e-8))
+        return {"losses/policy": means[0], "losses/value": means[1], "losses/entropy": means[2],
+                "losses/approx_kl": means[3], "losses/clipfrac": means[4],
+                "losses/explained_variance": explained}
+
+    def train_iteration(self, env: VecEnv) -> dict[str, float]:
+        """One rollout of ``config.rollout_steps`` per copy, then its PPO epochs."""
+        metrics = self.update(self.explore(env, self.config.rollout_steps))
+        if self._last_episodes > 0:
+            metrics["rollout/episode_return"] = self._last_return
+        metrics["rollout/episodes"] = self._last_episodes
+        return metrics
+
+    # ------------------------------------------------------------------ state
+
+    def _live_tensors(self) -> dict[str, torch.Tensor]:
+        return {
+            **{name: p.data for name, p in self._params.items()},
+            **{f"obs_rms.{k}": b for k, b in self.obs_rms.named_buffers()},
+            **adam_state_tensors(self.optimizer,
+                                 {k: p for k, p in self._params.items() if p.requires_grad}),
+        }
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Networks, Adam moments and steps, obs statistics, counters and the RNG state."""
+        state = {k: v.detach().clone() for k, v in self._live_tensors().items()}
+        state["counters.env_steps"] = torch.tensor(self.env_steps, dtype=torch.int64)
+        state["counters.iterations"] = torch.tensor(self.iterations, dtype=torch.int64)
+        state["rng"] = self.generator.get_state()
+        return state
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Restore ``state_dict`` output exactly; ``ConfigError`` names a bad tensor."""
+        extra = ("counters.env_steps", "counters.iterations", "rng")
+        for name in extra:
+            if name not in state:
+                raise ConfigError(f"state.{name}", "missing", "pass a full PPO checkpoint")
+        copy_state(self._live_tensors(), {k: v for k, v in state.items() if k not in extra})
+        self.env_steps = int(state["counters.env_steps"])
+        self.iterations = int(state["counters.iterations"])
+        try:
+            self.generator.set_state(state["rng"].to(torch.uint8).cpu())
+        except RuntimeError as exc:
+            raise ConfigError("state.rng", f"not a generator state: {exc}") from None
+
+
+def build(
+    obs_space: gymnasium.spaces.Space[Any],
+    action_space: gymnasium.spaces.Space[Any],
+    config: Any,
+    device: torch.device,
+    seed: int,
+) -> PPOAgent:
+    """The ``AgentFactory`` of PPO."""
+    if not isinstance(config, PPOConfig):
+        raise ConfigError("config", f"expected PPOConfig, got {type(config).__name__}")
+    return PPOAgent(obs_space, action_space, config, device, seed)
+
+
+SPEC = AlgorithmSpec("ppo", PPOConfig, build, discrete=True, continuous=True)

@@ -1,0 +1,323 @@
+"""Soft Actor-Critic (Haarnoja et al. 2018) on batched torch envs.
+
+Twin Q critics with Polyak-averaged targets, a tanh-squashed Gaussian policy and
+automatic entropy tuning towards ``-|A| * target_entropy_scale``. One training
+iteration explores ``steps_per_iter`` steps on each of ``num_envs`` copies, then takes
+``updates_per_iter`` gradient steps (the replay ratio is
+``updates_per_iter * batch_size / (steps_per_iter * num_envs)`` samples per collected
+transition). Actions are stored in the buffer in the policy's [-1, 1] scale and mapped
+to the env's box only when stepping it.
+
+Checkpoints: ``state_dict`` holds networks, targets, the three Adam optimizers (moments
+and step counts), ``log_alpha``, both RNG states and the counters. The replay buffer is
+included only with ``checkpoint_replay=True``; without it a restored agent refills its
+buffer from scratch (collecting ``learning_starts`` transitions before updating again),
+so resumption is exact only with the flag on.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import math
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+import gymnasium
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from agents.base import AlgorithmSpec, SearchDim
+from agents.networks import flat_dim, mlp
+from agents.replay import (
+    Batch,
+    ReplayBuffer,
+    StateDict,
+    check_positive,
+    check_unit,
+    load_training_state,
+    polyak,
+    save_training_state,
+    seeded_generator,
+    store_step,
+)
+from broker.errors import ConfigError
+from envs.base import VecEnv
+
+logger = logging.getLogger(__name__)
+
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SACConfig:
+    """SAC hyperparameters; defaults are tuned for batched torch Pendulum."""
+
+    SEARCH_SPACE: ClassVar[Mapping[str, SearchDim]] = MappingProxyType({
+        "actor_lr": SearchDim(1e-4, 3e-3, log=True),
+        "critic_lr": SearchDim(1e-4, 3e-3, log=True),
+        "alpha_lr": SearchDim(1e-4, 3e-3, log=True),
+        "gamma": SearchDim(0.95, 0.995),
+        "tau": SearchDim(0.002, 0.05, log=True),
+        "batch_size": SearchDim(64, 1024, log=True, integer=True),
+        "updates_per_iter": SearchDim(1, 64, log=True, integer=True),
+    })
+
+    num_envs: int = 64
+    """Parallel env copies explored in one batch."""
+    steps_per_iter: int = 1
+    """Env steps per copy collected in one training iteration."""
+    updates_per_iter: int = 8
+    """Gradient steps per training iteration (sets the replay ratio)."""
+    batch_size: int = 256
+    """Transitions per gradient step."""
+    buffer_size: int = 300_000
+    """Replay capacity in transitions (preallocated on the device)."""
+    learning_starts: int = 1_024
+    """Transitions collected with uniform random actions before updates begin."""
+    gamma: float = 0.99
+    """Discount factor."""
+    tau: float = 0.01
+    """Polyak step of the target critics per gradient step."""
+    actor_lr: float = 1e-3
+    """Adam learning rate of the policy."""
+    critic_lr: float = 1e-3
+    """Adam learning rate of the twin critics."""
+    alpha_lr: float = 1e-3
+    """Adam learning rate of log(alpha)."""
+    init_alpha: float = 1.0
+    """Initial entropy temperature."""
+    autotune: bool = True
+    """Tune alpha towards the target entropy; if False alpha stays at init_alpha."""
+    target_entropy_scale: float = 1.0
+    """Target entropy is -target_entropy_scale * action dimensions."""
+    hidden_size: int = 128
+    """Width of every hidden layer (actor and critics)."""
+    hidden_layers: int = 2
+    """Number of hidden layers."""
+    checkpoint_replay: bool = False
+    """Put the replay buffer in state_dict (big checkpoints, but exact resumption)."""
+
+    def __post_init__(self) -> None:
+        check_positive(self, "num_envs", "steps_per_iter", "updates_per_iter", "batch_size",
+                       "buffer_size", "tau", "actor_lr", "critic_lr", "alpha_lr", "init_alpha",
+                       "hidden_size", "hidden_layers")
+        check_unit(self, "gamma", "tau")
+        if self.learning_starts < 0:
+            raise ConfigError("learning_starts", f"must be >= 0, got {self.learning_starts}")
+
+
+class Actor(nn.Module):
+    """Gaussian policy head: mean and log-std of the pre-tanh action."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int, layers: int) -> None:
+        super().__init__()
+        self.net = mlp([obs_dim, *[hidden] * layers, 2 * act_dim], nn.ReLU, out_gain=0.01)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mean, log_std)`` of the pre-squash Gaussian."""
+        mean, raw = self.net(obs.flatten(1)).chunk(2, dim=-1)
+        # squash log_std smoothly into its range instead of clamping (keeps gradients alive)
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(raw) + 1.0)
+        return mean, log_std
+
+    def sample(self, obs: torch.Tensor, gen: torch.Generator
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparameterised squashed action in [-1, 1] and its log-probability."""
+        mean, log_std = self(obs)
+        eps = torch.randn(mean.shape, generator=gen, device=mean.device)
+        pre = mean + log_std.exp() * eps
+        log_prob = (-0.5 * eps.square() - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        # log|d tanh(u)/du| = 2 (log 2 - u - softplus(-2u)), the stable form
+        log_prob = log_prob - (2.0 * (math.log(2.0) - pre - F.softplus(-2.0 * pre))).sum(-1)
+        return torch.tanh(pre), log_prob
+
+
+class TwinQ(nn.Module):
+    """Two independent Q(s, a) networks."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int, layers: int) -> None:
+        super().__init__()
+        sizes = [obs_dim + act_dim, *[hidden] * layers, 1]
+        self.q1 = mlp(sizes, nn.ReLU)
+        self.q2 = mlp(sizes, nn.ReLU)
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both Q estimates, each ``[B]``."""
+        x = torch.cat([obs.flatten(1), action], dim=-1)
+        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
+
+
+class SACAgent:
+    """SAC with twin critics and automatic entropy tuning; satisfies ``agents.base.Agent``."""
+
+    def __init__(self, obs_space: gymnasium.spaces.Space[Any], act_space: gymnasium.spaces.Space[Any],
+                 config: SACConfig, device: torch.device, seed: int) -> None:
+        if not isinstance(act_space, gymnasium.spaces.Box):
+            raise ConfigError("algorithm", f"SAC needs a continuous (Box) action space, got "
+                              f"{act_space}", "use dqn or ppo for discrete actions")
+        self.config = config
+        self.device = torch.device(device)
+        self.env_steps = 0
+        self.updates = 0
+        obs_dim, act_dim = flat_dim(obs_space.shape), flat_dim(act_space.shape)
+        self._act_shape = tuple(act_space.shape)
+        self._low = torch.as_tensor(act_space.low, dtype=torch.float32, device=self.device)
+        self._high = torch.as_tensor(act_space.high, dtype=torch.float32, device=self.device)
+        with torch.random.fork_rng(devices=[]):  # seed the init without touching global RNG
+            torch.manual_seed(seed)
+            self.actor = Actor(obs_dim, act_dim, config.hidden_size, config.hidden_layers)
+            self.critic = TwinQ(obs_dim, act_dim, config.hidden_size, config.hidden_layers)
+        self.actor.to(self.device)
+        self.critic.to(self.device)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.log_alpha = torch.tensor(math.log(config.init_alpha), device=self.device,
+                                      requires_grad=True)
+        self.target_entropy = -config.target_entropy_scale * act_dim
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=config.actor_lr)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=config.critic_lr)
+        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=config.alpha_lr)
+        self.buffer = ReplayBuffer(config.buffer_size, obs_space.shape or (), (act_dim,),
+                                   self.device)
+        self._explore_gen = seeded_generator(seed + 1, self.device)
+        self._sample_gen = seeded_generator(seed + 2, self.device)
+        self._env: VecEnv | None = None
+        self._obs: torch.Tensor | None = None
+
+    # ---------------------------------------------------------------- acting
+
+    def _to_env(self, action: torch.Tensor) -> torch.Tensor:
+        scaled = self._low + 0.5 * (action + 1.0) * (self._high - self._low)
+        return scaled.reshape(action.shape[0], *self._act_shape)
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
+        """Env-scale actions: the squashed mean, or a sample when not deterministic."""
+        obs = obs.to(self.device, torch.float32)
+        if deterministic:
+            return self._to_env(torch.tanh(self.actor(obs)[0]))
+        return self._to_env(self.actor.sample(obs, self._explore_gen)[0])
+
+    @torch.no_grad()
+    def explore(self, env: VecEnv, steps: int) -> dict[str, float]:
+        """Collect ``steps`` transitions per copy into the buffer (random until warm)."""
+        if env is not self._env or self._obs is None:
+            # a new env (or a restored agent) starts from a reset seeded by the agent's RNG
+            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._explore_gen,
+                                     device=self.device))
+            self._obs, _ = env.reset(seed=seed)
+            self._env = env
+        obs = self._obs.to(self.device, torch.float32)
+        reward_sum, ended_sum = 0.0, 0
+        for _ in range(steps):
+            if self.env_steps < self.config.learning_starts:
+                action = torch.rand((obs.shape[0], self._low.numel()), generator=self._explore_gen,
+                                    device=self.device) * 2.0 - 1.0
+            else:
+                action = self.actor.sample(obs, self._explore_gen)[0]
+            next_obs, reward, ended = store_step(env, self.buffer, obs, action,
+                                                 self._to_env(action))
+            obs = next_obs.to(self.device, torch.float32)
+            self.env_steps += obs.shape[0]
+            reward_sum += float(reward.sum())
+            ended_sum += int(ended.sum())
+        self._obs = obs
+        return {"rollout/reward_mean": reward_sum / max(1, steps * obs.shape[0]),
+                "rollout/episodes_ended": float(ended_sum)}
+
+    # ---------------------------------------------------------------- learning
+
+    def _update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        cfg = self.config
+        alpha = self.log_alpha.detach().exp()
+        with torch.no_grad():
+            next_action, next_log_prob = self.actor.sample(batch.next_obs, self._sample_gen)
+            q1_next, q2_next = self.critic_target(batch.next_obs, next_action)
+            soft_value = torch.min(q1_next, q2_next) - alpha * next_log_prob
+            target = batch.reward + cfg.gamma * (1.0 - batch.done) * soft_value
+        q1, q2 = self.critic(batch.obs, batch.action)
+        critic_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
+        self.critic_opt.zero_grad(set_to_none=True)
+        critic_loss.backward()
+        self.critic_opt.step()
+
+        # freeze the critic for the actor loss: its gradients would be thrown away anyway
+        self.critic.requires_grad_(False)
+        action, log_prob = self.actor.sample(batch.obs, self._sample_gen)
+        q_pi = torch.min(*self.critic(batch.obs, action))
+        actor_loss = (alpha * log_prob - q_pi).mean()
+        self.actor_opt.zero_grad(set_to_none=True)
+        actor_loss.backward()
+        self.actor_opt.step()
+        self.critic.requires_grad_(True)
+
+        metrics = {"losses/critic": critic_loss.detach(), "losses/actor": actor_loss.detach(),
+                   "losses/q_mean": q1.detach().mean(), "losses/alpha": alpha,
+                   "losses/entropy": -log_prob.detach().mean()}
+        if cfg.autotune:
+            alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
+            self.alpha_opt.zero_grad(set_to_none=True)
+            alpha_loss.backward()
+            self.alpha_opt.step()
+            metrics["losses/alpha_loss"] = alpha_loss.detach()
+        polyak(self.critic_target, self.critic, cfg.tau)
+        self.updates += 1
+        return metrics
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """One gradient step of critics, actor and temperature on ``batch``."""
+        return {k: float(v) for k, v in self._update(batch).items()}
+
+    def train_iteration(self, env: VecEnv) -> dict[str, float]:
+        """Explore ``steps_per_iter`` steps per copy, then ``updates_per_iter`` updates."""
+        cfg = self.config
+        metrics = self.explore(env, cfg.steps_per_iter)
+        if len(self.buffer) < max(cfg.batch_size, cfg.learning_starts):
+            return metrics
+        sums: dict[str, torch.Tensor] = {}
+        for _ in range(cfg.updates_per_iter):
+            for key, value in self._update(self.buffer.sample(cfg.batch_size,
+                                                              self._sample_gen)).items():
+                sums[key] = sums.get(key, 0.0) + value
+        metrics.update({k: float(v) / cfg.updates_per_iter for k, v in sums.items()})
+        return metrics
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def _parts(self) -> dict[str, nn.Module | torch.Tensor]:
+        return {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target,
+                "log_alpha": self.log_alpha}
+
+    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"actor_opt": self.actor_opt, "critic_opt": self.critic_opt,
+                "alpha_opt": self.alpha_opt}
+
+    def _generators(self) -> dict[str, torch.Generator]:
+        return {"explore": self._explore_gen, "sample": self._sample_gen}
+
+    def state_dict(self) -> StateDict:
+        """Full training state (the buffer only with ``checkpoint_replay``)."""
+        return save_training_state(
+            self._parts(), self._optimizers(), self._generators(),
+            {"env_steps": self.env_steps, "updates": self.updates},
+            self.buffer if self.config.checkpoint_replay else None)
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Restore ``state_dict`` output exactly; the next ``explore`` resets its env."""
+        counters = load_training_state(state, self._parts(), self._optimizers(),
+                                       self._generators(), ("env_steps", "updates"), self.buffer)
+        self.env_steps, self.updates = counters["env_steps"], counters["updates"]
+        self._env, self._obs = None, None
+
+
+def build(obs_space: gymnasium.spaces.Space[Any], act_space: gymnasium.spaces.Space[Any],
+          config: SACConfig, device: torch.device, seed: int) -> SACAgent:
+    """Build a fresh SAC agent (the ``AlgorithmSpec`` factory)."""
+    return SACAgent(obs_space, act_space, config, device, seed)
+
+
+SPEC = AlgorithmSpec("sac", SACConfig, build, discrete=False, continuous=True)

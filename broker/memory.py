@@ -1,0 +1,375 @@
+"""In-process transport with RabbitMQ's semantics, for unit tests and single-process runs.
+
+A :class:`MemoryBroker` is the hub (the "server"): pass the same instance to every
+``connect("memory://", memory=hub)`` that should see each other's messages. It holds
+no global state, so tests stay isolated. Messages are encoded with the real codec
+(``broker.messages``), so memory mode exercises the wire format and the claim check.
+
+Semantics mirrored from the AMQP transport: FIFO per queue, prefetch, ack, nack with
+requeue (redelivered, counted; past ``DELIVERY_LIMIT`` returns the message is
+dead-lettered like a quorum queue does), reject -> ``<queue>.dead``, unsettled
+deliveries return to the queue when a consumer closes, topic routing with ``*``/``#``.
+Everything is single event loop: use one hub from one loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from broker.errors import ConnectionClosed, MessageError
+from broker.schemas import Message
+from broker.topology import DELIVERY_LIMIT, Topology
+from broker.transport import (
+    DEFAULT_INLINE_LIMIT,
+    Delivery,
+    check_pattern,
+    check_prefetch,
+    check_queue,
+    decode,
+    encode,
+    topic_matches,
+)
+
+if TYPE_CHECKING:
+    from broker.blobstore import BlobStore
+
+log = logging.getLogger(__name__)
+M = TypeVar("M", bound=Message)
+
+SUBSCRIBER_BACKLOG = 10_000
+"""Events a slow subscriber may lag behind before the oldest are dropped."""
+
+
+@dataclasses.dataclass
+class _Envelope:
+    """A message as stored in a queue: wire bytes plus broker bookkeeping."""
+
+    body: bytes
+    content_type: str
+    message_id: str
+    returns: int = 0  # times it came back (nack-requeue, consumer gone)
+    delivered: bool = False
+
+
+class _Queue:
+    """One queue of the hub: ready messages and the live consumer count."""
+
+    def __init__(self, name: str, dead: str | None) -> None:
+        self.name = name
+        self.dead = dead  # full name of the dead-letter queue, None for a dead queue
+        self.ready: deque[_Envelope] = deque()
+        self.consumers = 0
+        self.changed = asyncio.Condition()
+
+
+class MemoryBroker:
+    """The in-process hub shared by memory transports (one per test or process)."""
+
+    def __init__(self) -> None:
+        self._queues: dict[str, _Queue] = {}
+        self._subscribers: list[tuple[str, tuple[str, ...], asyncio.Queue[_Envelope | None]]] = []
+
+    def queue(self, name: str, dead: str | None = None) -> _Queue:
+        """The queue ``name`` (full name), created on first use."""
+        if name not in self._queues:
+            self._queues[name] = _Queue(name, dead)
+        return self._queues[name]
+
+    async def put(self, name: str, envelope: _Envelope, *, front: bool = False) -> None:
+        """Enqueue ``envelope`` on queue ``name`` and wake its consumers."""
+        queue = self.queue(name)
+        async with queue.changed:
+            if front:
+                queue.ready.appendleft(envelope)
+            else:
+                queue.ready.append(envelope)
+            queue.changed.notify_all()
+
+    async def dead_letter(self, queue: _Queue, envelope: _Envelope) -> None:
+        """Move ``envelope`` to the dead-letter queue of ``queue`` (dropped if it has none)."""
+        if queue.dead is not None:
+            await self.put(queue.dead, _Envelope(envelope.body, envelope.content_type,
+                                                 envelope.message_id))
+
+    def fan_out(self, exchange: str, routing_key: str, envelope: _Envelope) -> None:
+        """Deliver an event to every subscriber of ``exchange`` whose pattern matches."""
+        for bound, patterns, inbox in self._subscribers:
+            if bound == exchange and any(topic_matches(p, routing_key) for p in patterns):
+                if inbox.full():  # best effort, like x-max-length with drop-head
+                    inbox.get_nowait()
+                inbox.put_nowait(envelope)
+
+    def add_subscriber(
+        self, exchange: str, patterns: tuple[str, ...]
+    ) -> asyncio.Queue[_Envelope | None]:
+        """Register a subscriber; returns its inbox."""
+        inbox: asyncio.Queue[_Envelope | None] = asyncio.Queue(SUBSCRIBER_BACKLOG)
+        self._subscribers.append((exchange, patterns, inbox))
+        return inbox
+
+    def remove_subscriber(self, inbox: asyncio.Queue[_Envelope | None]) -> None:
+        """Forget the subscriber whose inbox is ``inbox``."""
+        self._subscribers = [s for s in self._subscribers if s[2] is not inbox]
+
+
+class MemoryDelivery(Generic[M]):
+    """A delivery from a memory queue; settle it exactly once."""
+
+    def __init__(self, consumer: _Consumer, envelope: _Envelope, message: M) -> None:
+        self._consumer = consumer
+        self._envelope = envelope
+        self._message = message
+        self._redelivered = envelope.returns > 0
+        self.settled = False
+
+    @property
+    def message(self) -> M:
+        """The decoded, validated message."""
+        return self._message
+
+    @property
+    def redelivered(self) -> bool:
+        """True if this message was delivered before."""
+        return self._redelivered
+
+    async def ack(self) -> None:
+        """Forget the message."""
+        await self._consumer.settle(self, None)
+
+    async def nack(self, requeue: bool = True) -> None:
+        """Put the message back (``requeue=False``: dead-letter it)."""
+        await self._consumer.settle(self, "requeue" if requeue else "dead")
+
+    async def reject(self, reason: str) -> None:
+        """Dead-letter the message and log ``reason`` once."""
+        log.warning("rejected message %s from %s: %s",
+                    self._envelope.message_id, self._consumer.queue.name, reason)
+        await self._consumer.settle(self, "dead")
+
+
+class _Consumer:
+    """One consumer of a memory queue: pulls while it has fewer than ``prefetch`` unsettled."""
+
+    def __init__(self, transport: MemoryTransport, queue: _Queue, prefetch: int,
+                 expect: type[Message]) -> None:
+        self.transport = transport
+        self.queue = queue
+        self.prefetch = prefetch
+        self.expect = expect
+        self.unsettled: set[MemoryDelivery[Any]] = set()
+        self.closed = False
+
+    def _can_take(self) -> bool:
+        return self.closed or self.transport.closed or (
+            len(self.unsettled) < self.prefetch and bool(self.queue.ready))
+
+    async def next(self) -> MemoryDelivery[Message]:
+        """Wait for the next valid message; invalid ones are dead-lettered on the way."""
+        while True:
+            async with self.queue.changed:
+                await self.queue.changed.wait_for(self._can_take)
+                if self.closed or self.transport.closed:
+                    raise StopAsyncIteration
+                envelope = self.queue.ready.popleft()
+            try:
+                message = await decode(envelope.body, envelope.content_type,
+                                       blobs=self.transport.blobs, expect=self.expect,
+                                       experiment=self.transport.topology.experiment)
+            except asyncio.CancelledError:
+                # the caller gave up waiting: the message was never handed out
+                await self.transport.hub.put(self.queue.name, envelope, front=True)
+                raise
+            except MessageError as exc:
+                log.warning("dead-lettered message %s from %s: %s",
+                            envelope.message_id, self.queue.name, exc)
+                await self.transport.hub.dead_letter(self.queue, envelope)
+                continue
+            delivery = MemoryDelivery(self, envelope, message)
+            self.unsettled.add(delivery)
+            return delivery
+
+    async def settle(self, delivery: MemoryDelivery[Any], outcome: str | None) -> None:
+        """Apply ack (``None``), ``"requeue"`` or ``"dead"`` to ``delivery`` once."""
+        if delivery.settled:
+            raise RuntimeError("delivery settled twice (ack/nack/reject once per delivery)")
+        delivery.settled = True
+        self.unsettled.discard(delivery)
+        envelope = delivery._envelope
+        if outcome == "requeue":
+            await self._return(envelope)
+        elif outcome == "dead":
+            await self.transport.hub.dead_letter(self.queue, envelope)
+        async with self.queue.changed:
+            self.queue.changed.notify_all()
+
+    async def _return(self, envelope: _Envelope) -> None:
+        envelope.returns += 1
+        if self.queue.dead is not None and envelope.returns > DELIVERY_LIMIT:
+            log.warning("dead-lettered message %s from %s: delivery limit %d reached",
+                        envelope.message_id, self.queue.name, DELIVERY_LIMIT)
+            await self.transport.hub.dead_letter(self.queue, envelope)
+        else:
+            await self.transport.hub.put(self.queue.name, envelope, front=True)
+
+    async def close(self) -> None:
+        """Stop, returning unsettled deliveries to the queue (as a dropped channel does)."""
+        self.closed = True
+        for delivery in sorted(self.unsettled, key=id):
+            delivery.settled = True
+            await self._return(delivery._envelope)
+        self.unsettled.clear()
+        async with self.queue.changed:
+            self.queue.changed.notify_all()
+
+
+class _Deliveries(Generic[M]):
+    """Async iterator over a consumer; cancelling a wait loses nothing."""
+
+    def __init__(self, consumer: _Consumer) -> None:
+        self._consumer = consumer
+
+    def __aiter__(self) -> _Deliveries[M]:
+        return self
+
+    async def __anext__(self) -> Delivery[M]:
+        return await self._consumer.next()  # type: ignore[return-value]
+
+
+class _Events:
+    """Async iterator over a subscriber inbox; undecodable events are dropped (logged)."""
+
+    def __init__(self, inbox: asyncio.Queue[_Envelope | None], blobs: BlobStore | None,
+                 experiment: str) -> None:
+        self._inbox = inbox
+        self._blobs = blobs
+        self._experiment = experiment
+
+    def __aiter__(self) -> _Events:
+        return self
+
+    async def __anext__(self) -> Message:
+        while True:
+            envelope = await self._inbox.get()
+            if envelope is None:  # the transport closed; stay stopped
+                self._inbox.put_nowait(None)
+                raise StopAsyncIteration
+            try:
+                return await decode(envelope.body, envelope.content_type, blobs=self._blobs,
+                                    experiment=self._experiment)
+            except MessageError as exc:
+                log.warning("dropped event %s: %s", envelope.message_id, exc)
+
+
+class MemoryTransport:
+    """A :class:`broker.transport.Transport` on a :class:`MemoryBroker` hub."""
+
+    def __init__(self, hub: MemoryBroker, *, experiment: str, blobs: BlobStore | None = None,
+                 inline_limit: int = DEFAULT_INLINE_LIMIT) -> None:
+        self.hub = hub
+        self.blobs = blobs
+        self.inline_limit = inline_limit
+        self._topology = Topology(experiment)
+        self.closed = False
+        self._consumers: set[_Consumer] = set()
+        self._inboxes: set[asyncio.Queue[_Envelope | None]] = set()
+
+    @property
+    def topology(self) -> Topology:
+        """The broker names of this experiment."""
+        return self._topology
+
+    def _full(self, queue: str) -> str:
+        return f"{self._topology.prefix}.{queue}"
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ConnectionClosed("memory transport is closed")
+
+    async def declare(self) -> None:
+        """Create the work and dead-letter queues (idempotent)."""
+        self._check_open()
+        for short in ("generator", "updater"):
+            self.hub.queue(self._full(short), dead=self._topology.dead(short))
+            self.hub.queue(self._topology.dead(short))
+
+    async def publish(self, queue: str, msg: Message) -> None:
+        """Encode ``msg`` and append it to work queue ``queue``."""
+        check_queue(queue, publish=True)
+        self._check_open()
+        body, content_type = await encode(msg, blobs=self.blobs, inline_limit=self.inline_limit)
+        await self.declare()
+        await self.hub.put(self._full(queue), _Envelope(body, content_type, msg.id))
+
+    async def publish_event(self, routing_key: str, msg: Message) -> None:
+        """Encode ``msg`` and fan it out to matching subscribers."""
+        self._check_open()
+        body, content_type = await encode(msg, blobs=self.blobs, inline_limit=self.inline_limit)
+        self.hub.fan_out(self._topology.events, routing_key,
+                         _Envelope(body, content_type, msg.id))
+
+    @asynccontextmanager
+    async def consume(
+        self, queue: str, *, prefetch: int, expect: type[M]
+    ) -> AsyncIterator[AsyncIterator[Delivery[M]]]:
+        """Receive validated ``expect`` messages from ``queue`` (see ``Transport.consume``)."""
+        check_queue(queue)
+        check_prefetch(prefetch)
+        self._check_open()
+        await self.declare()
+        consumer = _Consumer(self, self.hub.queue(self._full(queue)), prefetch, expect)
+        consumer.queue.consumers += 1
+        self._consumers.add(consumer)
+
+        try:
+            yield _Deliveries(consumer)
+        finally:
+            consumer.queue.consumers -= 1
+            self._consumers.discard(consumer)
+            await consumer.close()
+
+    @asynccontextmanager
+    async def subscribe(self, patterns: Sequence[str]) -> AsyncIterator[AsyncIterator[Message]]:
+        """Receive events matching ``patterns`` published from now on."""
+        checked = tuple(check_pattern(p) for p in patterns)
+        self._check_open()
+        inbox = self.hub.add_subscriber(self._topology.events, checked)
+        self._inboxes.add(inbox)
+
+        try:
+            yield _Events(inbox, self.blobs, self._topology.experiment)
+        finally:
+            self._inboxes.discard(inbox)
+            self.hub.remove_subscriber(inbox)
+
+    async def queue_depth(self, queue: str) -> tuple[int, int]:
+        """``(ready messages, consumers)`` of ``queue``."""
+        check_queue(queue)
+        found = self.hub.queue(self._full(queue))
+        return len(found.ready), found.consumers
+
+    async def close(self) -> None:
+        """Stop consumers (unsettled deliveries go back to their queue); idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        for consumer in list(self._consumers):
+            await consumer.close()
+        for inbox in self._inboxes:
+            if inbox.full():
+                inbox.get_nowait()
+            inbox.put_nowait(None)
+
+    async def __aenter__(self) -> MemoryTransport:
+        """Declare and return ``self``."""
+        await self.declare()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Close."""
+        await self.close()

@@ -1,0 +1,159 @@
+"""Run one asyncio service: signals, heartbeats, one-line errors, an exit code.
+
+Every Podracer service is ``async def main(ctx: ServiceContext[Settings]) -> int | None``
+run by :func:`run_service`::
+
+    async def main(ctx: ServiceContext[PodSettings]) -> int:
+        async with connect(ctx.settings.url, experiment=...) as transport:
+            ctx.heartbeat(transport, role="pod", status_fn=lambda: state.status)
+            async with transport.consume("generator", prefetch=1, expect=Initialization) as inbox:
+                async for delivery in ctx.until_stopping(inbox):
+                    ...
+        return 0
+
+    sys.exit(run_service(main, settings, name="pod-3"))
+
+SIGTERM / SIGINT set ``ctx.stopping``; the service drains and returns. A second signal
+cancels the main task. Exit codes: what ``main`` returns (``None`` -> 0), 1 for a
+Podracer error or an unexpected exception (logged in one line, traceback at debug),
+130 when cancelled by a second signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Generic, TypeVar
+
+from broker.errors import BrokerError, PodracerError
+from broker.schemas import Heartbeat
+from broker.transport import Transport
+
+log = logging.getLogger(__name__)
+S = TypeVar("S")
+T = TypeVar("T")
+
+DEFAULT_HEARTBEAT_INTERVAL = 5.0
+"""Seconds between heartbeats."""
+
+
+class ServiceContext(Generic[S]):
+    """What a running service gets: its settings, name, stop event and background tasks."""
+
+    def __init__(self, settings: S, name: str) -> None:
+        self.settings = settings
+        self.name = name
+        self.stopping = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def stop(self) -> None:
+        """Ask the service to drain and exit (what SIGTERM does)."""
+        self.stopping.set()
+
+    def heartbeat(
+        self, transport: Transport, role: str, status_fn: Callable[[], str] | None = None,
+        interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+    ) -> asyncio.Task[None]:
+        """Publish a ``Heartbeat`` on ``heartbeat.<name>`` every ``interval`` s until stopped.
+
+        ``status_fn`` is called each time for the status string (default ``"running"``).
+        A failed heartbeat is logged and retried next interval; it never stops the service.
+        """
+        task = asyncio.create_task(self._beat(transport, role, status_fn, interval),
+                                   name=f"heartbeat-{self.name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _beat(self, transport: Transport, role: str,
+                    status_fn: Callable[[], str] | None, interval: float) -> None:
+        while not self.stopping.is_set():
+            status = status_fn() if status_fn is not None else "running"
+            beat = Heartbeat(experiment=transport.topology.experiment, pod=self.name,
+                             role=role, status=status)
+            try:
+                await transport.publish_event(f"heartbeat.{self.name}", beat)
+            except BrokerError as exc:
+                log.warning("heartbeat of %s failed: %s", self.name, exc)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), interval)
+
+    async def until_stopping(self, items: AsyncIterator[T]) -> AsyncIterator[T]:
+        """Iterate ``items`` but end as soon as ``stopping`` is set (even while waiting)."""
+        stop = asyncio.create_task(self.stopping.wait())
+        try:
+            while not self.stopping.is_set():
+                step = asyncio.ensure_future(anext(items))
+                await asyncio.wait({step, stop}, return_when=asyncio.FIRST_COMPLETED)
+                if not step.done():
+                    step.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                        await step
+                    return
+                try:
+                    item = step.result()
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            stop.cancel()
+
+    async def close(self) -> None:
+        """Cancel background tasks (heartbeats)."""
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def run_service(
+    main: Callable[[ServiceContext[S]], Awaitable[int | None]], settings: S,
+    name: str | None = None,
+) -> int:
+    """Run ``main(ctx)`` under ``asyncio.run`` with signal handling; return the exit code."""
+    service_name = name or socket.gethostname()
+    try:
+        return asyncio.run(_run(main, ServiceContext(settings, service_name)))
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _run(main: Callable[[ServiceContext[S]], Awaitable[int | None]],
+               ctx: ServiceContext[S]) -> int:
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+
+    def on_signal(signum: int) -> None:
+        if ctx.stopping.is_set() and task is not None:
+            log.warning("%s: second %s, cancelling", ctx.name, signal.Signals(signum).name)
+            task.cancel()
+            return
+        log.info("%s: %s received, stopping", ctx.name, signal.Signals(signum).name)
+        ctx.stop()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):  # not on Windows' loop
+            loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        code = await main(ctx)
+        return 0 if code is None else int(code)
+    except asyncio.CancelledError:
+        return 130
+    except PodracerError as exc:
+        log.error("%s failed: %s: %s", ctx.name, type(exc).__name__, exc)
+        log.debug("traceback", exc_info=True)
+        return 1
+    except Exception as exc:
+        log.error("%s crashed: %s: %s", ctx.name, type(exc).__name__, exc)
+        log.debug("traceback", exc_info=True)
+        return 1
+    finally:
+        await ctx.close()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signum)

@@ -1,0 +1,130 @@
+"""The one place where broker names and queue arguments are decided.
+
+Every name lives under the experiment's namespace ``podracer.<experiment>.``:
+
+=========================  ===================================================
+``generator``              durable quorum queue, generator -> pods
+``updater``                durable quorum queue, pods -> updater
+``events``                 topic exchange (heartbeats, metrics, control, ...)
+``dlx``                    direct exchange the work queues dead-letter into
+``<queue>.dead``           durable queue bound to ``dlx`` with key ``<queue>.dead``
+=========================  ===================================================
+
+The dead-letter routing key is the *short* queue name plus ``.dead``
+(``generator.dead``); the dead-letter queue's own name is fully namespaced
+(``podracer.<experiment>.generator.dead``). A work queue is declared with
+``topology.queue_args(name)``; ``QUEUE_ARGS`` holds the parts that do not depend
+on the queue.
+
+``consumer_timeout`` is deliberately not set per queue here: RabbitMQ 3.x quorum
+queues reject unknown ``x-`` arguments at declare time, so a longer timeout is set
+by server config or policy instead (see DESIGN "Broker topology").
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from broker.errors import ConfigError
+
+PREFIX = "podracer"
+EXPERIMENT_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+DELIVERY_LIMIT = 5
+"""Redeliveries before a quorum queue dead-letters a message (poison-message guard)."""
+
+WORK_QUEUES = ("generator", "updater")
+"""Short names of the work queues; each has a dead-letter queue."""
+
+QUEUE_ARGS: Mapping[str, Any] = MappingProxyType(
+    {"x-queue-type": "quorum", "x-delivery-limit": DELIVERY_LIMIT}
+)
+"""Arguments shared by every work queue (read-only; use ``Topology.queue_args``)."""
+
+# Dead-letter queues are durable *classic* queues on purpose: inspecting them means
+# basic.get + nack(requeue), and on RabbitMQ 4.x every quorum-queue requeue counts
+# against a delivery limit (default 20) after which the message would be dropped, so a
+# few peeks could destroy the evidence. Classic queues requeue in place, uncounted.
+DEAD_QUEUE_ARGS: Mapping[str, Any] = MappingProxyType({"x-queue-type": "classic"})
+"""Arguments of the dead-letter queues (durable classic, no further dead-lettering)."""
+
+
+def check_experiment(experiment: str) -> str:
+    """Return ``experiment`` if it is a valid name, else raise ``ConfigError``."""
+    if not isinstance(experiment, str) or not EXPERIMENT_PATTERN.fullmatch(experiment):
+        raise ConfigError(
+            "experiment",
+            f"invalid name {experiment!r}",
+            "use 1-64 characters from A-Z a-z 0-9 _ -",
+        )
+    return experiment
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Broker names of one experiment; construction validates the experiment name."""
+
+    experiment: str
+
+    def __post_init__(self) -> None:
+        check_experiment(self.experiment)
+
+    @property
+    def prefix(self) -> str:
+        """``podracer.<experiment>`` — the namespace of every name below."""
+        return f"{PREFIX}.{self.experiment}"
+
+    @property
+    def generator(self) -> str:
+        """Queue of ``Initialization`` messages, generator -> pods."""
+        return f"{self.prefix}.generator"
+
+    @property
+    def updater(self) -> str:
+        """Queue of ``Checkpoint`` messages, pods -> updater."""
+        return f"{self.prefix}.updater"
+
+    @property
+    def events(self) -> str:
+        """Topic exchange for heartbeats, metrics, leaderboard and control messages."""
+        return f"{self.prefix}.events"
+
+    @property
+    def dlx(self) -> str:
+        """Direct exchange that rejected work-queue messages are dead-lettered to."""
+        return f"{self.prefix}.dlx"
+
+    @property
+    def work_queues(self) -> tuple[str, ...]:
+        """Full names of the work queues (generator, updater)."""
+        return (self.generator, self.updater)
+
+    def short(self, queue: str) -> str:
+        """The short name (``generator``) of a work queue given short or full name."""
+        name = queue.removeprefix(self.prefix + ".")
+        if name not in WORK_QUEUES:
+            raise ConfigError(
+                "queue",
+                f"{queue!r} is not a work queue of experiment {self.experiment!r}",
+                f"use one of {', '.join(WORK_QUEUES)}",
+            )
+        return name
+
+    def dead_routing_key(self, queue: str) -> str:
+        """Routing key on ``dlx`` for messages dead-lettered from ``queue``."""
+        return f"{self.short(queue)}.dead"
+
+    def dead(self, queue: str) -> str:
+        """Full name of the dead-letter queue of ``queue`` (short or full name)."""
+        return f"{self.prefix}.{self.dead_routing_key(queue)}"
+
+    def queue_args(self, queue: str) -> dict[str, Any]:
+        """Declare-time arguments of work queue ``queue`` (a fresh dict)."""
+        return {
+            **QUEUE_ARGS,
+            "x-dead-letter-exchange": self.dlx,
+            "x-dead-letter-routing-key": self.dead_routing_key(queue),
+        }

@@ -1,0 +1,291 @@
+"""The ``Transport`` seam: how every service talks to the broker.
+
+One small interface, two implementations with the same semantics:
+
+- ``amqp://`` / ``amqps://`` -> :class:`broker.amqp.AmqpTransport` (RabbitMQ via aio-pika);
+- ``memory://`` -> :class:`broker.memory.MemoryTransport` (in-process, for unit tests
+  and ``podracer train`` with nothing installed).
+
+Typical service code::
+
+    async with connect(url, experiment="ant", blobs=FileBlobStore(root)) as transport:
+        async with transport.consume("generator", prefetch=1, expect=Initialization) as inbox:
+            async for delivery in inbox:
+                checkpoint = await train(delivery.message)
+                await transport.publish("updater", checkpoint)  # confirmed by the broker
+                await delivery.ack()                            # only after the side effect
+
+Contract (both transports, proven by ``tests/broker/test_contract.py``):
+
+- Work queues are ``"generator"`` and ``"updater"`` (short names; the transport adds
+  the ``podracer.<experiment>.`` namespace). Their dead-letter queues are
+  ``"generator.dead"`` and ``"updater.dead"`` (valid for ``queue_depth`` and ``consume``).
+- ``publish`` returns once the broker has confirmed the message (persistent). It
+  retries a bounded number of times with backoff, then raises ``PublishError``.
+- ``consume`` yields :class:`Delivery` objects whose ``message`` is already decoded and
+  validated (kind ``expect``, this experiment). Messages that can never be processed
+  (``MessageError``: malformed bytes, unknown schema version, wrong content type, bad
+  blob) are dead-lettered inside ``consume`` with one warning line and never reach the
+  caller. At most ``prefetch`` deliveries are outstanding (un-acked) at a time.
+- Every delivery must be settled exactly once: ``ack`` (done), ``nack`` (put back,
+  redelivered later with ``redelivered=True``; after ``DELIVERY_LIMIT`` deliveries it
+  is dead-lettered) or ``reject`` (poison: dead-letter now). A delivery left unsettled
+  when the ``consume`` block exits is returned to the queue (redelivered).
+  Handlers must be idempotent by ``message.id``: a crash before ``ack`` redelivers.
+- Events are best-effort fan-out on a topic exchange: ``publish_event`` with a routing
+  key such as ``heartbeat.<pod>``; ``subscribe`` with patterns where ``*`` matches one
+  dot-separated word and ``#`` zero or more. A subscriber sees only events published
+  after it subscribed; undecodable events are dropped with one warning line.
+- Broker failures surface only as ``broker.errors.BrokerError`` subclasses
+  (``ConnectionClosed``, ``PublishError``); bad arguments as ``ConfigError``.
+- Nothing touches the network until the first awaited call. ``declare`` is
+  idempotent; ``close`` is idempotent. ``async with`` declares on entry and closes on
+  exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
+
+from broker.errors import ConfigError
+from broker.messages import (
+    CLAIM_CONTENT_TYPE,
+    DEFAULT_INLINE_LIMIT,
+    decode_message,
+    encode_message,
+)
+from broker.schemas import Message
+
+if TYPE_CHECKING:
+    from broker.blobstore import BlobStore
+    from broker.memory import MemoryBroker
+    from broker.topology import Topology
+
+M = TypeVar("M", bound=Message, covariant=True)
+T = TypeVar("T", bound=Message)
+
+QueueName = Literal["generator", "updater", "generator.dead", "updater.dead"]
+"""Short name of a queue a transport can consume from or measure."""
+
+WORK_QUEUES: tuple[str, ...] = ("generator", "updater")
+"""Queues that ``publish`` accepts."""
+
+DEAD_QUEUES: tuple[str, ...] = ("generator.dead", "updater.dead")
+"""Dead-letter queues, one per work queue."""
+
+
+DEFAULT_PUBLISH_TRIES = 5
+"""How many times ``publish`` tries before it raises ``PublishError``."""
+
+
+class Delivery(Protocol[M]):
+    """One received message, to be settled exactly once (ack, nack or reject)."""
+
+    @property
+    def message(self) -> M:
+        """The decoded, validated message."""
+        ...
+
+    @property
+    def redelivered(self) -> bool:
+        """True if the broker delivered this message before (a consumer died or nacked)."""
+        ...
+
+    async def ack(self) -> None:
+        """Done: the side effect is durable; the broker forgets the message."""
+        ...
+
+    async def nack(self, requeue: bool = True) -> None:
+        """Not now: put the message back (``requeue=False`` dead-letters it instead)."""
+        ...
+
+    async def reject(self, reason: str) -> None:
+        """Never: dead-letter the message to ``<queue>.dead`` and log ``reason`` once."""
+        ...
+
+
+class Transport(Protocol):
+    """A connection to the broker of one experiment (see the module docstring)."""
+
+    @property
+    def topology(self) -> Topology:
+        """The broker names of this experiment."""
+        ...
+
+    async def declare(self) -> None:
+        """Create the queues and exchanges of the experiment (idempotent)."""
+        ...
+
+    async def publish(self, queue: str, msg: Message) -> None:
+        """Send ``msg`` to work queue ``"generator"`` or ``"updater"``; returns once confirmed."""
+        ...
+
+    async def publish_event(self, routing_key: str, msg: Message) -> None:
+        """Send ``msg`` on the events topic exchange (e.g. ``"heartbeat.pod-3"``)."""
+        ...
+
+    def consume(
+        self, queue: str, *, prefetch: int, expect: type[M]
+    ) -> AbstractAsyncContextManager[AsyncIterator[Delivery[M]]]:
+        """Receive validated ``expect`` messages from ``queue``, at most ``prefetch`` unsettled."""
+        ...
+
+    def subscribe(
+        self, patterns: Sequence[str]
+    ) -> AbstractAsyncContextManager[AsyncIterator[Message]]:
+        """Receive events whose routing key matches any of ``patterns`` (``*``, ``#``)."""
+        ...
+
+    async def queue_depth(self, queue: str) -> tuple[int, int]:
+        """``(ready messages, consumers)`` of ``queue`` (work or dead-letter queue)."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections; unsettled deliveries return to their queue (idempotent)."""
+        ...
+
+    async def __aenter__(self) -> Transport:
+        """Declare the topology and return ``self``."""
+        ...
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Close the transport."""
+        ...
+
+
+def check_queue(queue: str, *, publish: bool = False) -> str:
+    """Return ``queue`` if it names a queue this API accepts, else raise ``ConfigError``."""
+    allowed = WORK_QUEUES if publish else WORK_QUEUES + DEAD_QUEUES
+    if queue not in allowed:
+        raise ConfigError("queue", f"unknown queue {queue!r}", f"use one of {', '.join(allowed)}")
+    return queue
+
+
+def check_prefetch(prefetch: int) -> int:
+    """Return ``prefetch`` if it is a positive int, else raise ``ConfigError``."""
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+        raise ConfigError("prefetch", f"must be an integer >= 1, got {prefetch!r}",
+                          "use 1 for long tasks (a pod), more for quick handlers")
+    return prefetch
+
+
+def connect(
+    url: str,
+    *,
+    experiment: str,
+    blobs: BlobStore | None = None,
+    memory: MemoryBroker | None = None,
+    inline_limit: int = DEFAULT_INLINE_LIMIT,
+) -> Transport:
+    """Build the transport for ``url`` (``amqp://``, ``amqps://`` or ``memory://``).
+
+    ``blobs`` is the shared blob store for claim-checked payloads (needed when a message
+    may exceed ``inline_limit`` bytes). ``memory`` is the in-process hub that all
+    ``memory://`` transports of one test or one process share; a fresh one is made when
+    omitted. No connection is made until the first awaited call.
+    """
+    if isinstance(inline_limit, bool) or not isinstance(inline_limit, int) or inline_limit < 1:
+        raise ConfigError("inline_limit", f"must be a positive integer, got {inline_limit!r}",
+                          "use the default (4 MiB) unless the broker's max message size differs")
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme == "memory":
+        from broker.memory import MemoryBroker, MemoryTransport
+
+        hub = memory if memory is not None else MemoryBroker()
+        return MemoryTransport(hub, experiment=experiment, blobs=blobs, inline_limit=inline_limit)
+    if scheme in ("amqp", "amqps"):
+        # imported lazily so memory mode works without aio-pika importable
+        from broker.amqp import AmqpTransport
+
+        return AmqpTransport(url, experiment=experiment, blobs=blobs, inline_limit=inline_limit)
+    raise ConfigError("url", f"unsupported broker URL {redact(url)!r}",
+                      "use amqp://user:pass@host:5672/vhost, amqps://... or memory://")
+
+
+def redact(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (safe to log)."""
+    head, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    creds, _, host = rest.rpartition("@")
+    user = creds.split(":", 1)[0]
+    return f"{head}://{user}:***@{host}"
+
+
+# ------------------------------------------------------------------ shared helpers
+
+OFFLOAD_BYTES = 64 * 1024
+"""Encode/decode work above about this many bytes runs in a thread, off the event loop."""
+
+
+def payload_bytes(msg: Message) -> int:
+    """Bytes of tensor payload carried by ``msg`` (0 for messages without ``state``)."""
+    state = getattr(msg, "state", None)
+    if not isinstance(state, dict):
+        return 0
+    return sum(int(t.nbytes) for t in state.values() if hasattr(t, "nbytes"))
+
+
+async def encode(
+    msg: Message, *, blobs: BlobStore | None, inline_limit: int
+) -> tuple[bytes, str]:
+    """``broker.messages.encode_message`` — in a thread when the payload is large.
+
+    Large messages are packed (and maybe written to the blob store) off the event loop
+    so heartbeats keep flowing while a checkpoint is serialized.
+    """
+    if payload_bytes(msg) > OFFLOAD_BYTES:
+        return await asyncio.to_thread(encode_message, msg, blobs=blobs,
+                                       inline_limit=inline_limit)
+    return encode_message(msg, blobs=blobs, inline_limit=inline_limit)
+
+
+async def decode(
+    body: bytes, content_type: str | None, *, blobs: BlobStore | None,
+    expect: type[T] | None = None, experiment: str | None = None,
+) -> T:
+    """``broker.messages.decode_message`` — in a thread for large bodies or claim checks.
+
+    ``expect=None`` accepts any kind (events).
+
+    Raises only ``MessageError`` subclasses for bad input (the caller dead-letters).
+    """
+    # a small claim-check body still means reading and unpacking a large blob
+    if len(body) > OFFLOAD_BYTES or content_type == CLAIM_CONTENT_TYPE:
+        return await asyncio.to_thread(_decode, body, content_type, blobs, expect, experiment)
+    return _decode(body, content_type, blobs, expect, experiment)
+
+
+def _decode(body: bytes, content_type: str | None, blobs: BlobStore | None,
+            expect: type[T] | None, experiment: str | None) -> T:
+    message = decode_message(body, content_type, blobs=blobs, expect=expect,
+                             experiment=experiment)
+    return message  # type: ignore[return-value]
+
+
+def check_pattern(pattern: str) -> str:
+    """Return ``pattern`` if it is a valid topic binding key, else raise ``ConfigError``."""
+    words = pattern.split(".")
+    if not pattern or any(not w or (w not in "*#" and ("*" in w or "#" in w)) for w in words):
+        raise ConfigError("patterns", f"invalid topic pattern {pattern!r}",
+                          "use dot-separated words, '*' for one word, '#' for any number")
+    return pattern
+
+
+def topic_matches(pattern: str, routing_key: str) -> bool:
+    """AMQP topic matching: ``*`` is exactly one word, ``#`` zero or more words."""
+    return _match(pattern.split("."), routing_key.split("."))
+
+
+def _match(pattern: list[str], key: list[str]) -> bool:
+    if not pattern:
+        return not key
+    head, rest = pattern[0], pattern[1:]
+    if head == "#":
+        return any(_match(rest, key[i:]) for i in range(len(key) + 1))
+    if not key:
+        return False
+    return (head == "*" or head == key[0]) and _match(rest, key[1:])

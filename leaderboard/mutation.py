@@ -1,0 +1,111 @@
+"""PBT explore step: fresh hyperparameters for a new agent, mutated ones for an exploited one.
+
+Only the fields an algorithm lists in its ``SEARCH_SPACE`` move; every other field keeps
+its value (or the config default). ``overrides`` pin fields: an experiment's per-algorithm
+hyperparameters win over sampling and mutation alike. Every draw comes from the ``rng``
+passed in, in sorted field order, so a seeded ``random.Random`` reproduces a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from agents.base import Scalar, SearchDim, config_from_hparams, config_to_hparams
+from broker.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class MutationConfig:
+    """How a hyperparameter of an exploited checkpoint is explored."""
+
+    resample_p: float = 0.25
+    """Probability of drawing a search-space field afresh instead of perturbing it."""
+    perturb_factors: tuple[float, float] = (0.8, 1.25)
+    """A perturbed field is multiplied by one of these, each with probability 0.5."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.resample_p <= 1.0:
+            raise ConfigError("mutation.resample_p", f"must be in [0, 1], got {self.resample_p}")
+        if len(self.perturb_factors) != 2:
+            raise ConfigError("mutation.perturb_factors", "give exactly two factors",
+                              "e.g. [0.8, 1.25]")
+        for factor in self.perturb_factors:
+            if not (math.isfinite(factor) and factor > 0):
+                raise ConfigError("mutation.perturb_factors",
+                                  f"factors must be finite and > 0, got {factor}")
+
+
+def _defaults(config_cls: type) -> dict[str, Scalar]:
+    try:
+        return config_to_hparams(config_cls())
+    except TypeError:
+        raise ConfigError("algorithm", f"{config_cls.__name__} needs a default for every field",
+                          "give every config field a default value") from None
+
+
+def _search_space(config_cls: type) -> Mapping[str, SearchDim]:
+    space: Mapping[str, SearchDim] = getattr(config_cls, "SEARCH_SPACE", {})
+    return space
+
+
+def _validated(config_cls: type, hparams: Mapping[str, Scalar]) -> dict[str, Scalar]:
+    # Round-tripping through the config class types every value (ints stay ints) and turns
+    # a bad override into a ConfigError that names the field.
+    return config_to_hparams(config_from_hparams(config_cls, hparams))
+
+
+def fresh_hparams(config_cls: type, rng: random.Random,
+                  overrides: Mapping[str, Scalar] | None = None) -> dict[str, Scalar]:
+    """Every field of ``config_cls``: search-space fields sampled, the rest default."""
+    pinned = dict(overrides or {})
+    hparams = _defaults(config_cls)
+    for name in sorted(_search_space(config_cls)):
+        if name not in pinned:
+            hparams[name] = _search_space(config_cls)[name].sample(rng)
+    hparams.update(pinned)
+    return _validated(config_cls, hparams)
+
+
+def perturb(dim: SearchDim, value: float, factor: float) -> float | int:
+    """``value * factor`` clipped into ``dim``.
+
+    An integer dim always moves by at least one step when the factor is not 1 (unless it
+    sits on the bound): otherwise ``round(1 * 1.25) == 1`` would pin small integers forever.
+    """
+    moved = dim.clip(value * factor)
+    if dim.integer and moved == dim.clip(value) and factor != 1.0:
+        moved = dim.clip(value + (1 if factor > 1.0 else -1))
+    return moved
+
+
+def mutate_hparams(config_cls: type, hparams: Mapping[str, Scalar], rng: random.Random,
+                   config: MutationConfig | None = None,
+                   overrides: Mapping[str, Scalar] | None = None) -> dict[str, Scalar]:
+    """Explore around ``hparams``: resample with ``resample_p``, else perturb by a factor.
+
+    Fields missing from ``hparams`` take the config default; fields outside the search
+    space are kept as they are; ``overrides`` are applied last and never mutated.
+    """
+    config = config or MutationConfig()
+    pinned = dict(overrides or {})
+    out: dict[str, Any] = {**_defaults(config_cls), **hparams}
+    space = _search_space(config_cls)
+    for name in sorted(space):
+        if name in pinned:
+            continue
+        dim = space[name]
+        if rng.random() < config.resample_p:
+            out[name] = dim.sample(rng)
+            continue
+        factor = config.perturb_factors[0] if rng.random() < 0.5 else config.perturb_factors[1]
+        current = out[name]
+        if isinstance(current, bool) or not isinstance(current, int | float):
+            raise ConfigError(f"hparams.{name}", f"search-space field holds {current!r}",
+                              "search-space fields must be numbers")
+        out[name] = perturb(dim, float(current), factor)
+    out.update(pinned)
+    return _validated(config_cls, out)

@@ -1,0 +1,298 @@
+"""The leaderboard store: every accepted checkpoint, indexed in SQLite, state in blobs.
+
+Layout under ``root``: ``leaderboard.sqlite`` (WAL mode) holds one row per checkpoint;
+the checkpoint's state (``codec.pack`` of its tensor map) is a content-addressed blob in
+``FileBlobStore(root)``, i.e. ``root/blobs/<sha[:2]>/<sha>``.
+
+Durability and idempotence (the updater acks a checkpoint only after ``insert``
+returns):
+
+* the blob is written (fsync'd) *before* the row commits, so a crash in between leaves
+  an orphan blob, never a row without its blob;
+* the checkpoint id is the primary key: a redelivered checkpoint returns the stored
+  entry with ``new=False`` and writes nothing;
+* ``synchronous=FULL`` makes a returned ``insert`` survive power loss, so re-opening the
+  store after a crash loses and duplicates nothing.
+
+Concurrency: one writer and any number of readers, in this process (each thread gets its
+own connection) or in others (a CLI reading while the updater writes; WAL lets readers
+proceed during a write).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from broker import codec
+from broker.blobstore import BlobRef, FileBlobStore
+from broker.errors import BlobError, ConfigError, PodracerError
+from broker.schemas import Checkpoint, Scalar
+
+log = logging.getLogger(__name__)
+
+DB_NAME = "leaderboard.sqlite"
+SCHEMA_VERSION = 1
+
+_COLUMNS = ("id", "parent_id", "experiment", "init_id", "pod", "algorithm", "env", "hparams",
+            "score_mean", "score_std", "env_steps", "wall_time", "generation", "created",
+            "curve", "blob_sha256", "blob_size", "stored")
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS checkpoints (
+    id TEXT PRIMARY KEY,
+    parent_id TEXT,
+    experiment TEXT NOT NULL,
+    init_id TEXT NOT NULL,
+    pod TEXT NOT NULL,
+    algorithm TEXT NOT NULL,
+    env TEXT NOT NULL,
+    hparams TEXT NOT NULL,
+    score_mean REAL NOT NULL,
+    score_std REAL NOT NULL,
+    env_steps INTEGER NOT NULL,
+    wall_time REAL NOT NULL,
+    generation INTEGER NOT NULL,
+    created REAL NOT NULL,
+    curve TEXT NOT NULL,
+    blob_sha256 TEXT NOT NULL,
+    blob_size INTEGER NOT NULL,
+    stored REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS checkpoints_rank ON checkpoints (score_mean DESC, created, id);
+CREATE INDEX IF NOT EXISTS checkpoints_algo_rank
+    ON checkpoints (algorithm, score_mean DESC, created, id);
+"""
+
+_ORDER = "ORDER BY score_mean DESC, created ASC, id ASC"
+
+
+class LeaderboardError(PodracerError):
+    """The leaderboard database failed (disk full, locked too long, corrupt file)."""
+
+
+@contextlib.contextmanager
+def _translated(action: str) -> Iterator[None]:
+    """Translate sqlite3 errors into ``LeaderboardError``, once, at this boundary."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise LeaderboardError(f"leaderboard {action} failed: {exc}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One stored checkpoint: its metadata and a reference to its state blob."""
+
+    id: str
+    parent_id: str | None
+    experiment: str
+    init_id: str
+    pod: str
+    algorithm: str
+    env: str
+    hparams: dict[str, Scalar]
+    score_mean: float
+    score_std: float
+    env_steps: int
+    wall_time: float
+    generation: int
+    created: float
+    """Creation time of the checkpoint message (ties in the ranking go to the earlier)."""
+    blob: BlobRef
+    curve: list[tuple[float, float, int]] = dataclasses.field(default_factory=list)
+    stored: float = 0.0
+    """When this store accepted it."""
+
+
+class Inserted(NamedTuple):
+    """Result of ``LeaderboardStore.insert``: the entry, and False when it was a replay."""
+
+    entry: Entry
+    new: bool
+
+
+def _entry(row: sqlite3.Row) -> Entry:
+    return Entry(
+        id=row["id"], parent_id=row["parent_id"], experiment=row["experiment"],
+        init_id=row["init_id"], pod=row["pod"], algorithm=row["algorithm"], env=row["env"],
+        hparams=json.loads(row["hparams"]), score_mean=row["score_mean"],
+        score_std=row["score_std"], env_steps=row["env_steps"], wall_time=row["wall_time"],
+        generation=row["generation"], created=row["created"],
+        blob=BlobRef.of(row["blob_sha256"], row["blob_size"]),
+        curve=[(float(a), float(b), int(c)) for a, b, c in json.loads(row["curve"])],
+        stored=row["stored"],
+    )
+
+
+class LeaderboardStore:
+    """Every accepted checkpoint of one experiment, ranked by evaluated score."""
+
+    def __init__(self, root: Path | str) -> None:
+        """Open (creating if needed) the store under ``root``."""
+        self.root = Path(root)
+        self.blobs = FileBlobStore(self.root)  # creates root; ConfigError if it cannot
+        self.path = self.root / DB_NAME
+        self._local = threading.local()
+        self._lock = threading.Lock()  # serializes writers of this process
+        self._conns_lock = threading.Lock()  # guards _conns (close() may run on any thread)
+        self._conns: list[sqlite3.Connection] = []
+        self._closed = False
+        with self._lock, _translated("open"):
+            conn = self._conn()
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise ConfigError("leaderboard", f"{self.path} has schema {version}, this "
+                                  f"build reads {SCHEMA_VERSION}", "upgrade Podracer")
+            conn.executescript(_DDL)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def __repr__(self) -> str:
+        return f"LeaderboardStore({str(self.root)!r})"
+
+    def __enter__(self) -> LeaderboardStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------- connections
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._closed:
+            raise LeaderboardError(f"{self.path}: store is closed")
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            # isolation_level=None: we issue BEGIN ourselves; check_same_thread=False only
+            # so that close() may close every thread's connection.
+            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None,
+                                   check_same_thread=False)
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            self._local.conn = conn
+            with self._conns_lock:
+                self._conns.append(conn)
+        return conn
+
+    def close(self) -> None:
+        """Close every connection (idempotent)."""
+        with self._conns_lock:
+            self._closed = True
+            for conn in self._conns:
+                conn.close()
+            self._conns.clear()
+
+    # ------------------------------------------------------------------ writing
+
+    def insert(self, checkpoint: Checkpoint) -> Inserted:
+        """Store ``checkpoint`` durably; a replay of a stored id changes nothing."""
+        existing = self.get(checkpoint.id)
+        if existing is not None:
+            log.info("checkpoint %s already stored; replay ignored", checkpoint.id)
+            return Inserted(existing, False)
+        try:
+            payload = codec.pack(dict(checkpoint.state))
+        except TypeError as exc:
+            raise ConfigError("checkpoint.state", str(exc), "send a map of tensors") from None
+        ref = self.blobs.put(payload)  # blob first: a crash now leaves only an orphan blob
+        row: dict[str, Any] = {
+            "id": checkpoint.id, "parent_id": checkpoint.parent_id,
+            "experiment": checkpoint.experiment, "init_id": checkpoint.init_id,
+            "pod": checkpoint.pod, "algorithm": checkpoint.algorithm, "env": checkpoint.env,
+            "hparams": json.dumps(checkpoint.hparams, sort_keys=True, allow_nan=False),
+            "score_mean": float(checkpoint.score_mean), "score_std": float(checkpoint.score_std),
+            "env_steps": checkpoint.env_steps, "wall_time": float(checkpoint.wall_time),
+            "generation": checkpoint.generation, "created": float(checkpoint.created),
+            "curve": json.dumps([list(p) for p in checkpoint.curve], allow_nan=False),
+            "blob_sha256": ref.sha256, "blob_size": ref.size, "stored": time.time(),
+        }
+        sql = (f"INSERT OR IGNORE INTO checkpoints ({', '.join(_COLUMNS)}) "
+               f"VALUES ({', '.join(':' + c for c in _COLUMNS)})")
+        with self._lock, _translated("insert"):
+            conn = self._conn()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                added = conn.execute(sql, row).rowcount == 1
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        entry = self.get(checkpoint.id)
+        assert entry is not None, "a committed row must be readable"
+        if added:
+            log.debug("stored checkpoint %s (%s, score %.4g)", entry.id, entry.algorithm,
+                      entry.score_mean)
+        return Inserted(entry, added)
+
+    # ------------------------------------------------------------------ reading
+
+    def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        with _translated("read"):
+            return self._conn().execute(sql, params).fetchall()
+
+    def get(self, checkpoint_id: str) -> Entry | None:
+        """The entry with this id, or ``None``."""
+        rows = self._query("SELECT * FROM checkpoints WHERE id = ?", (checkpoint_id,))
+        return _entry(rows[0]) if rows else None
+
+    def top(self, k: int, algorithm: str | None = None) -> list[Entry]:
+        """The ``k`` best entries (score_mean descending, ties to the earlier created).
+
+        ``algorithm`` restricts the ranking to one algorithm (a parent's state only loads
+        into an agent of its own algorithm).
+        """
+        if k < 1:
+            raise ConfigError("top_k", f"must be >= 1, got {k}")
+        if algorithm is None:
+            rows = self._query(f"SELECT * FROM checkpoints {_ORDER} LIMIT ?", (k,))
+        else:
+            rows = self._query(f"SELECT * FROM checkpoints WHERE algorithm = ? {_ORDER} LIMIT ?",
+                               (algorithm, k))
+        return [_entry(r) for r in rows]
+
+    def best(self) -> Entry | None:
+        """The best entry, or ``None`` while the store is empty."""
+        found = self.top(1)
+        return found[0] if found else None
+
+    def count(self) -> int:
+        """How many checkpoints are stored."""
+        return int(self._query("SELECT COUNT(*) FROM checkpoints")[0][0])
+
+    def total_env_steps(self) -> int:
+        """Env steps summed over every stored checkpoint (for the experiment's budget)."""
+        return int(self._query("SELECT COALESCE(SUM(env_steps), 0) FROM checkpoints")[0][0])
+
+    def lineage(self, checkpoint_id: str) -> list[Entry]:
+        """The entry and its ancestors, newest first; stops at a missing parent or a cycle."""
+        chain: list[Entry] = []
+        seen: set[str] = set()
+        next_id: str | None = checkpoint_id
+        while next_id is not None and next_id not in seen:
+            seen.add(next_id)
+            entry = self.get(next_id)
+            if entry is None:
+                break
+            chain.append(entry)
+            next_id = entry.parent_id
+        return chain
+
+    def load_state(self, entry: Entry) -> dict[str, torch.Tensor]:
+        """The entry's tensor map, read from its blob and verified by sha256."""
+        obj = codec.unpack(self.blobs.get(entry.blob))
+        if not isinstance(obj, dict) or not all(
+                isinstance(v, torch.Tensor) for v in obj.values()):
+            raise BlobError(f"blob {entry.blob.sha256[:12]}... of checkpoint {entry.id} "
+                            f"is not a map of tensors")
+        return obj

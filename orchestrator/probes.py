@@ -1,0 +1,150 @@
+"""What a node has and how busy it is: CPU and memory from psutil, GPUs from NVML.
+
+A machine without an NVIDIA driver (or without ``pynvml``) simply reports no GPUs,
+logged once at debug level: CPU-only nodes are a normal deployment, not an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import socket
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any, Protocol
+
+import psutil
+
+from broker.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuLoad:
+    """One GPU's utilisation; memory in bytes."""
+
+    index: int
+    util_percent: float
+    mem_used: int
+    mem_total: int
+
+    @property
+    def mem_percent(self) -> float:
+        """Memory in use, in percent of the total."""
+        return 100.0 * self.mem_used / self.mem_total if self.mem_total else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeLoad:
+    """A snapshot of one node's load."""
+
+    node: str
+    cpu_percent: float
+    """Whole-machine CPU utilisation since the previous reading, 0-100."""
+    cpu_count: int
+    """Logical CPUs."""
+    mem_percent: float
+    gpus: list[GpuLoad] = dataclasses.field(default_factory=list)
+
+
+class Probe(Protocol):
+    """Reads a node's current load."""
+
+    def read(self) -> NodeLoad:
+        """A fresh snapshot."""
+        ...
+
+    def close(self) -> None:
+        """Release what the probe holds (idempotent)."""
+        ...
+
+
+class NodeProbe:
+    """The local machine through psutil and NVML (``import pynvml``).
+
+    ``nvml`` injects the NVML module (tests pass a fake); by default ``pynvml`` is
+    imported, and any failure to import or initialise it means "no GPUs".
+    """
+
+    def __init__(self, node: str | None = None, nvml: ModuleType | Any | None = None) -> None:
+        """Probe this machine, reported as ``node`` (default: the host name)."""
+        self.node = node or socket.gethostname()
+        self._nvml = self._init_nvml(nvml)
+        # psutil measures CPU between two calls; this first call sets the reference point
+        # so the first read() is meaningful.
+        psutil.cpu_percent(interval=None)
+
+    @staticmethod
+    def _init_nvml(nvml: Any | None) -> Any | None:
+        try:
+            if nvml is None:
+                nvml = importlib.import_module("pynvml")
+            nvml.nvmlInit()
+        except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, DriverNotLoaded...
+            log.debug("no GPUs visible through NVML (%s: %s)", type(exc).__name__, exc)
+            return None
+        return nvml
+
+    def read(self) -> NodeLoad:
+        """CPU, memory and (when NVML works) GPU load right now."""
+        return NodeLoad(
+            node=self.node,
+            cpu_percent=float(psutil.cpu_percent(interval=None)),
+            cpu_count=psutil.cpu_count(logical=True) or 1,
+            mem_percent=float(psutil.virtual_memory().percent),
+            gpus=self._gpus(),
+        )
+
+    def _gpus(self) -> list[GpuLoad]:
+        nvml = self._nvml
+        if nvml is None:
+            return []
+        try:
+            gpus = []
+            for index in range(nvml.nvmlDeviceGetCount()):
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                util = nvml.nvmlDeviceGetUtilizationRates(handle)
+                mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+                gpus.append(GpuLoad(index=index, util_percent=float(util.gpu),
+                                    mem_used=int(mem.used), mem_total=int(mem.total)))
+        except Exception as exc:  # a driver reset or a GPU falling off the bus
+            log.warning("NVML read failed, reporting no GPUs this poll: %s", exc)
+            log.debug("NVML failure", exc_info=True)
+            return []
+        return gpus
+
+    def close(self) -> None:
+        """Shut NVML down (idempotent)."""
+        nvml, self._nvml = self._nvml, None
+        if nvml is not None:
+            try:
+                nvml.nvmlShutdown()
+            except Exception as exc:
+                log.debug("nvmlShutdown failed: %s", exc)
+
+
+class FakeProbe:
+    """A probe that replays scripted loads (the last one repeats); for tests and demos."""
+
+    def __init__(self, loads: Sequence[NodeLoad]) -> None:
+        """Replay ``loads`` in order, one per ``read``."""
+        if not loads:
+            raise ConfigError("loads", "FakeProbe needs at least one NodeLoad")
+        self._loads = list(loads)
+        self.reads = 0
+
+    def set(self, load: NodeLoad) -> None:
+        """From now on always report ``load`` (an injected load change)."""
+        self._loads = [load]
+        self.reads = 0
+
+    def read(self) -> NodeLoad:
+        """The next scripted load."""
+        load = self._loads[min(self.reads, len(self._loads) - 1)]
+        self.reads += 1
+        return load
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,351 @@
+"""The experiment file: one TOML document that says what to train and when to stop.
+
+``load_experiment(path)`` parses and validates it into a frozen ``Experiment``; every bad
+value raises ``ConfigError`` naming its field (``algos.ppo: weight must be > 0``) and an
+unknown key lists the known ones. CLI flags go through ``Experiment.with_overrides`` so
+they are validated by the same code. See ``examples/pendulum.toml`` for every key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from agents.base import AlgorithmRegistry, Scalar, config_from_hparams
+from broker.errors import ConfigError
+from broker.schemas import Budget
+from leaderboard.mutation import MutationConfig
+from leaderboard.selection import build_selection
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class TotalBudget:
+    """When the whole experiment stops if the target is never reached (None: no limit)."""
+
+    seconds: float | None = None
+    """Wall-clock seconds since the experiment started."""
+    env_steps: int | None = None
+    """Env steps summed over every accepted checkpoint."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectionSpec:
+    """A selection strategy by name (see ``leaderboard.selection.STRATEGIES``) and params."""
+
+    name: str = "top_k"
+    """``fresh``, ``top_k``, ``softmax`` or ``tournament``."""
+    params: Mapping[str, float | int] = dataclasses.field(default_factory=dict)
+    """The strategy's parameters (``k``, ``temperature``, ``size``); read-only."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """A validated experiment; build it with ``load_experiment`` or ``parse_experiment``."""
+
+    name: str
+    """Namespace of every queue and file (``podracer.<name>.``): letters, digits, ``_.-``."""
+    env: str
+    """Env id (a Podracer env name or any registered Gymnasium id)."""
+    algos: Mapping[str, float]
+    """Algorithm mix: name -> relative weight (> 0) of new pods that train it."""
+    round_budget: Budget
+    """How long one training round (one Initialization) lasts: steps and/or seconds."""
+    pods: int = 4
+    """Population size: pods the orchestrator aims to run in total."""
+    target_score: float | None = None
+    """Stop when the best evaluated score reaches this (None: never by score)."""
+    total_budget: TotalBudget = dataclasses.field(default_factory=TotalBudget)
+    """Stop when this much time or env steps is spent."""
+    top_k: int = 8
+    """Leaderboard size the generator selects from."""
+    selection: SelectionSpec = dataclasses.field(default_factory=SelectionSpec)
+    """How the parent of an exploited initialization is chosen."""
+    mutation: MutationConfig = dataclasses.field(default_factory=MutationConfig)
+    """How an exploited initialization's hyperparameters are explored."""
+    explore_p: float = 0.2
+    """Share of initializations that start fresh even when the leaderboard is not empty."""
+    eval_episodes: int = 8
+    """Episodes the pod's evaluator averages per checkpoint score."""
+    num_envs: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Per-algorithm ``num_envs`` (in TOML an integer applies to every algorithm)."""
+    hparams: Mapping[str, Mapping[str, Scalar]] = dataclasses.field(default_factory=dict)
+    """Per-algorithm pinned hyperparameters: never sampled nor mutated."""
+    device: str = "auto"
+    """``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``."""
+    seed: int = 0
+    """Seed of the generator's RNG (and so of every pod's seed)."""
+
+    def overrides_for(self, algorithm: str) -> dict[str, Scalar]:
+        """The pinned hyperparameters of ``algorithm`` (``num_envs`` included)."""
+        out: dict[str, Scalar] = dict(self.hparams.get(algorithm, {}))
+        if algorithm in self.num_envs:
+            out["num_envs"] = self.num_envs[algorithm]
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The TOML-shaped data of this experiment (``parse_experiment`` reads it back)."""
+        data: dict[str, Any] = {
+            "name": self.name, "env": self.env, "algos": dict(self.algos),
+            "round_budget": _drop_none(dataclasses.asdict(self.round_budget)),
+            "pods": self.pods, "top_k": self.top_k, "explore_p": self.explore_p,
+            "eval_episodes": self.eval_episodes, "device": self.device, "seed": self.seed,
+            "selection": {"name": self.selection.name, **self.selection.params},
+            "mutation": {"resample_p": self.mutation.resample_p,
+                         "perturb_factors": list(self.mutation.perturb_factors)},
+            "num_envs": dict(self.num_envs),
+            "hparams": {k: dict(v) for k, v in self.hparams.items()},
+        }
+        total = _drop_none(dataclasses.asdict(self.total_budget))
+        if total:
+            data["total_budget"] = total
+        if self.target_score is not None:
+            data["target_score"] = self.target_score
+        return data
+
+    def with_overrides(self, changes: Mapping[str, Any] | None = None, /,
+                       registry: AlgorithmRegistry | None = None,
+                       **fields: Any) -> Experiment:
+        """A copy with CLI overrides applied and validated again.
+
+        Keys are top-level names (``pods=8``) or dotted paths (``{"round_budget.steps":
+        5000}``); a ``None`` value means "flag not given" and is skipped, so argparse
+        results can be passed straight in.
+        """
+        data = self.to_dict()
+        for key, value in {**(changes or {}), **fields}.items():
+            if value is None:
+                continue
+            *parents, leaf = key.split(".")
+            node = data
+            for part in parents:
+                child = node.setdefault(part, {})
+                if not isinstance(child, dict):
+                    raise ConfigError(key, f"{part} is not a table", "override a leaf key")
+                node = child
+            node[leaf] = value
+        return parse_experiment(data, registry=registry)
+
+
+def _drop_none(data: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if v is not None}
+
+
+class _Table:
+    """Typed reads from one TOML table that remember which keys were used."""
+
+    def __init__(self, data: Any, path: str) -> None:
+        if not isinstance(data, dict):
+            raise ConfigError(path or "experiment", f"expected a table, got {data!r}")
+        self.data: dict[str, Any] = data
+        self.path = path
+        self.known: list[str] = []
+
+    def field(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def raw(self, key: str, default: Any = None) -> Any:
+        self.known.append(key)
+        return self.data.get(key, default)
+
+    def string(self, key: str, default: str | None = None) -> str:
+        value = self.raw(key, default)
+        if not isinstance(value, str) or not value:
+            hint = "required" if value is None else f"expected a non-empty string, got {value!r}"
+            raise ConfigError(self.field(key), hint, f'e.g. {key} = "..."')
+        return value
+
+    def integer(self, key: str, default: int | None, minimum: int) -> int | None:
+        value = self.raw(key, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(self.field(key), f"expected an integer, got {value!r}")
+        if value < minimum:
+            raise ConfigError(self.field(key), f"must be >= {minimum}, got {value}")
+        return value
+
+    def number(self, key: str, default: float | None, low: float = -math.inf,
+               high: float = math.inf, positive: bool = False) -> float | None:
+        value = self.raw(key, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(
+                value):
+            raise ConfigError(self.field(key), f"expected a finite number, got {value!r}")
+        if positive and value <= 0:
+            raise ConfigError(self.field(key), f"must be > 0, got {value}")
+        if not low <= value <= high:
+            raise ConfigError(self.field(key), f"must be in [{low}, {high}], got {value}")
+        return float(value)
+
+    def table(self, key: str) -> _Table:
+        return _Table(self.raw(key, {}), self.field(key))
+
+    def finish(self) -> None:
+        unknown = sorted(set(self.data) - set(self.known))
+        if unknown:
+            where = self.path or "experiment"
+            raise ConfigError(self.field(unknown[0]), f"unknown key in {where}",
+                              f"known keys: {', '.join(sorted(self.known))}")
+
+
+def _algos(table: _Table) -> dict[str, float]:
+    table.known.extend(table.data)  # every key is an algorithm name
+    if not table.data:
+        raise ConfigError("algos", "give at least one algorithm", "e.g. algos = {ppo = 1}")
+    return {name: _weight(table, name) for name in table.data}
+
+
+def _weight(table: _Table, name: str) -> float:
+    value = table.data[name]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f"algos.{name}", f"weight must be a number, got {value!r}")
+    if value <= 0:
+        raise ConfigError(f"algos.{name}", "weight must be > 0",
+                          "remove the algorithm to leave it out")
+    return float(value)
+
+
+def _round_budget(table: _Table) -> Budget:
+    steps = table.integer("steps", None, 1)
+    seconds = table.number("seconds", None, positive=True)
+    table.finish()
+    if steps is None and seconds is None:
+        raise ConfigError("round_budget", "give steps or seconds",
+                          "e.g. round_budget = {steps = 20000}")
+    return Budget(steps=steps, seconds=seconds)
+
+
+def _total_budget(table: _Table) -> TotalBudget:
+    budget = TotalBudget(seconds=table.number("seconds", None, positive=True),
+                         env_steps=table.integer("env_steps", None, 1))
+    table.finish()
+    return budget
+
+
+def _selection(table: _Table) -> SelectionSpec:
+    name = table.string("name", "top_k")
+    params = {k: v for k, v in table.data.items() if k != "name"}
+    table.known.extend(params)  # build_selection checks them against the strategy
+    build_selection(name, params)
+    return SelectionSpec(name=name, params=params)
+
+
+def _mutation(table: _Table) -> MutationConfig:
+    resample_p = table.number("resample_p", 0.25, 0.0, 1.0)
+    factors = table.raw("perturb_factors", [0.8, 1.25])
+    table.finish()
+    if not isinstance(factors, list) or len(factors) != 2 or not all(
+            isinstance(f, int | float) and not isinstance(f, bool) for f in factors):
+        raise ConfigError("mutation.perturb_factors", f"expected two numbers, got {factors!r}",
+                          "e.g. perturb_factors = [0.8, 1.25]")
+    assert resample_p is not None
+    return MutationConfig(resample_p=resample_p,
+                          perturb_factors=(float(factors[0]), float(factors[1])))
+
+
+def _num_envs(value: Any, algos: Mapping[str, float]) -> dict[str, int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = dict.fromkeys(algos, value)
+    table = _Table(value, "num_envs")
+    out = {name: table.integer(name, None, 1) for name in list(table.data)}
+    _only_mixed("num_envs", out, algos)
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _hparams(table: _Table, algos: Mapping[str, float]) -> dict[str, dict[str, Scalar]]:
+    out: dict[str, dict[str, Scalar]] = {}
+    table.known.extend(table.data)
+    for algo, raw in table.data.items():
+        sub = _Table(raw, f"hparams.{algo}")
+        for key, value in sub.data.items():
+            if not isinstance(value, bool | int | float | str) or (
+                    isinstance(value, float) and not math.isfinite(value)):
+                raise ConfigError(f"hparams.{algo}.{key}",
+                                  f"expected a finite scalar, got {value!r}")
+        out[algo] = dict(sub.data)
+    _only_mixed("hparams", out, algos)
+    return out
+
+
+def _only_mixed(field: str, per_algo: Mapping[str, Any], algos: Mapping[str, float]) -> None:
+    for name in per_algo:
+        if name not in algos:
+            raise ConfigError(f"{field}.{name}", "algorithm is not in algos",
+                              f"algos has {', '.join(sorted(algos))}")
+
+
+def _device(value: str) -> str:
+    if value == "auto" or re.fullmatch(r"cpu|cuda(:\d+)?|mps", value):
+        return value
+    raise ConfigError("device", f"unknown device {value!r}", "use auto, cpu, cuda or cuda:N")
+
+
+def _check_registry(exp: Experiment, registry: AlgorithmRegistry) -> None:
+    for name in exp.algos:
+        try:
+            spec = registry.get(name)
+        except ConfigError as exc:
+            raise ConfigError(f"algos.{name}", exc.problem, exc.fix) from None
+        try:
+            config_from_hparams(spec.config_cls, exp.overrides_for(name))
+        except ConfigError as exc:
+            raise ConfigError(f"{name}.{exc.field}", exc.problem, exc.fix) from None
+
+
+def parse_experiment(data: Mapping[str, Any],
+                     registry: AlgorithmRegistry | None = None) -> Experiment:
+    """Validate TOML-shaped ``data``; with a ``registry`` also check algorithms and hparams."""
+    top = _Table(dict(data), "")
+    name = top.string("name")
+    if not _NAME.match(name):
+        raise ConfigError("name", f"{name!r} is not a valid experiment name",
+                          "use 1-64 letters, digits, '_', '.' or '-'")
+    algos = _algos(top.table("algos"))
+    exp = Experiment(
+        name=name,
+        env=top.string("env"),
+        algos=algos,
+        round_budget=_round_budget(top.table("round_budget")),
+        pods=top.integer("pods", 4, 1) or 4,
+        target_score=top.number("target_score", None),
+        total_budget=_total_budget(top.table("total_budget")),
+        top_k=top.integer("top_k", 8, 1) or 8,
+        selection=_selection(top.table("selection")),
+        mutation=_mutation(top.table("mutation")),
+        explore_p=top.number("explore_p", 0.2, 0.0, 1.0) or 0.0,
+        eval_episodes=top.integer("eval_episodes", 8, 1) or 8,
+        num_envs=_num_envs(top.raw("num_envs", {}), algos),
+        hparams=_hparams(top.table("hparams"), algos),
+        device=_device(top.string("device", "auto")),
+        seed=top.integer("seed", 0, 0) or 0,
+    )
+    top.finish()
+    if registry is not None:
+        _check_registry(exp, registry)
+    return exp
+
+
+def load_experiment(path: str | Path, registry: AlgorithmRegistry | None = None) -> Experiment:
+    """Read and validate the TOML experiment file at ``path``."""
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError("experiment", f"no such file: {path}", "check the path") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("experiment", f"{path} is not valid TOML: {exc}") from None
+    return parse_experiment(data, registry=registry)

@@ -1,0 +1,68 @@
+"""build_agent validation and train_round's budget, curve, progress and stop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ppo_stub_envs import ScriptedEnv
+
+from agents.base import AlgorithmRegistry, AlgorithmSpec, config_to_hparams
+from agents.ppo import PPOConfig, build
+from agents.registry import default_registry
+from agents.round import Progress, build_agent, train_round
+from broker.errors import ConfigError
+from broker.schemas import Budget
+from envs.registry import make_env
+
+SMALL = PPOConfig(num_envs=8, rollout_steps=4, num_minibatches=2, update_epochs=1,
+                  hidden_size=8)
+CPU = torch.device("cpu")
+
+
+def test_build_agent_validates_hparams_and_env() -> None:
+    registry = default_registry()
+    env = make_env("torch/Pendulum-v1", 8)
+    with pytest.raises(ConfigError, match=r"hparams\.lr_typo"):
+        build_agent(registry, "ppo", {"lr_typo": 1.0}, env, CPU, 0)
+    with pytest.raises(ConfigError, match=r"hparams\.gamma"):
+        build_agent(registry, "ppo", {"num_envs": 8, "gamma": 1.5}, env, CPU, 0)
+    with pytest.raises(ConfigError, match=r"env\.num_envs"):
+        build_agent(registry, "ppo", {"num_envs": 16}, env, CPU, 0)
+    with pytest.raises(ConfigError, match="algorithm"):
+        build_agent(registry, "nope", {}, env, CPU, 0)
+    discrete_only = AlgorithmRegistry(
+        {"ppo": AlgorithmSpec("ppo", PPOConfig, build, discrete=True, continuous=False)})
+    with pytest.raises(ConfigError, match="continuous"):
+        build_agent(discrete_only, "ppo", {"num_envs": 8}, env, CPU, 0)
+    agent = build_agent(registry, "ppo", config_to_hparams(SMALL), env, CPU, 0)
+    assert agent.config == SMALL
+
+
+def test_train_round_respects_the_step_budget_and_reports() -> None:
+    torch.set_num_threads(1)
+    env, eval_env = make_env("torch/Pendulum-v1", 8), make_env("torch/Pendulum-v1", 4)
+    agent = build_agent(default_registry(), "ppo", config_to_hparams(SMALL), env, CPU, 0)
+    progress: list[Progress] = []
+    result = train_round(agent, env, eval_env, Budget(steps=100), eval_every_s=0.0,
+                         on_progress=progress.append, eval_episodes=4)
+    per_iteration = SMALL.num_envs * SMALL.rollout_steps  # 32
+    assert result.env_steps == 4 * per_iteration  # first multiple of 32 at or past 100
+    assert [p.env_steps for p in progress] == [32, 64, 96, 128]
+    assert all(p.score is not None for p in progress)
+    assert len(result.curve) == 5  # one per iteration plus the final evaluation
+    assert result.score_mean == max(score for _, score, _ in result.curve)
+    assert -2000 < result.score_mean < 0
+    assert result.best_state.keys() == agent.state_dict().keys()
+    assert result.metrics["eval/best_mean"] == result.score_mean
+
+
+def test_should_stop_ends_the_round_but_still_evaluates() -> None:
+    env, eval_env = ScriptedEnv(8), ScriptedEnv(2)
+    agent = build_agent(default_registry(), "ppo", config_to_hparams(SMALL), env, CPU, 0)
+    calls = iter([False, True])
+    result = train_round(agent, env, eval_env, Budget(seconds=60.0),
+                         should_stop=lambda: next(calls), eval_episodes=2)
+    assert result.env_steps == SMALL.num_envs * SMALL.rollout_steps
+    assert len(result.curve) == 1
+    # the scripted eval episodes (copies 0 and 1, first episodes) pay 0 and 2 * 1
+    assert result.score_mean == pytest.approx(1.0)

@@ -1,0 +1,77 @@
+"""Shared fixtures: the RabbitMQ url for tests marked ``rabbitmq``.
+
+Such tests skip when no broker answers, unless ``PODRACER_REQUIRE_RABBITMQ=1``
+(CI), where an unreachable broker fails them instead. ``experiment`` gives each test
+its own broker namespace (cleaned up afterwards); ``blob_root`` a blob directory.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pika
+import pika.exceptions
+import pytest
+
+DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+@pytest.fixture(scope="session")
+def amqp_url() -> str:
+    """URL of a reachable RabbitMQ (``PODRACER_AMQP_URL``), or skip/fail the test."""
+    url = os.environ.get("PODRACER_AMQP_URL", DEFAULT_AMQP_URL)
+    params = pika.URLParameters(url)
+    params.connection_attempts = 1
+    params.socket_timeout = 3
+    params.blocked_connection_timeout = 3
+    try:
+        pika.BlockingConnection(params).close()
+    except (pika.exceptions.AMQPError, OSError) as e:
+        reason = f"RabbitMQ unreachable at {params.host}:{params.port}: {e!r}"
+        if os.environ.get("PODRACER_REQUIRE_RABBITMQ") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return url
+
+
+@pytest.fixture
+def experiment(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A unique experiment name per test; its RabbitMQ queues/exchanges are deleted after.
+
+    Cleanup only runs for tests that also use ``amqp_url`` (memory tests leave nothing).
+    """
+    name = f"t{uuid.uuid4().hex[:10]}"
+    yield name
+    if "amqp_url" in request.fixturenames:
+        delete_experiment(request.getfixturevalue("amqp_url"), name)
+
+
+def delete_experiment(url: str, experiment: str) -> None:
+    """Delete the queues and exchanges of ``experiment`` on the broker at ``url``."""
+    prefix = f"podracer.{experiment}"
+    params = pika.URLParameters(url)
+    params.connection_attempts = 1
+    params.socket_timeout = 3
+    try:
+        connection = pika.BlockingConnection(params)
+    except (pika.exceptions.AMQPError, OSError):
+        return  # broker gone: nothing we can clean
+    try:
+        channel = connection.channel()
+        for queue in ("generator", "updater", "generator.dead", "updater.dead"):
+            channel.queue_delete(f"{prefix}.{queue}")
+        for exchange in ("events", "dlx"):
+            channel.exchange_delete(f"{prefix}.{exchange}")
+    finally:
+        connection.close()
+
+
+@pytest.fixture
+def blob_root(tmp_path: Path) -> Path:
+    """A fresh directory for a ``FileBlobStore``."""
+    root = tmp_path / "blobs"
+    root.mkdir()
+    return root
