@@ -131,8 +131,9 @@ class QNet(nn.Module):
 class DDPGAgent:
     """DDPG with one critic, Gaussian exploration noise and Polyak targets."""
 
-    def __init__(self, obs_space: gymnasium.spaces.Space[Any], act_space: gymnasium.spaces.Space[Any],
-                 config: DDPGConfig, device: torch.device, seed: int) -> None:
+    def __init__(self, obs_space: gymnasium.spaces.Space[Any],
+                 act_space: gymnasium.spaces.Space[Any], config: DDPGConfig, device: torch.device,
+                 seed: int) -> None:
         if not isinstance(act_space, gymnasium.spaces.Box):
             raise ConfigError("algorithm", f"DDPG needs a continuous (Box) action space, got "
                               f"{act_space}", "use dqn or ppo for discrete actions")

@@ -139,8 +139,9 @@ class QNetwork(nn.Module):
 class DQNAgent:
     """DQN with epsilon-greedy exploration, a target network and Double/Dueling flags."""
 
-    def __init__(self, obs_space: gymnasium.spaces.Space[Any], act_space: gymnasium.spaces.Space[Any],
-                 config: DQNConfig, device: torch.device, seed: int) -> None:
+    def __init__(self, obs_space: gymnasium.spaces.Space[Any],
+                 act_space: gymnasium.spaces.Space[Any], config: DQNConfig, device: torch.device,
+                 seed: int) -> None:
         if not isinstance(act_space, gymnasium.spaces.Discrete):
             raise ConfigError("algorithm", f"DQN needs a Discrete action space, got {act_space}",
                               "use sac, td3, ddpg or ppo for continuous actions")

@@ -27,7 +27,7 @@ from torch import nn
 
 from agents.base import AlgorithmSpec, SearchDim
 from agents.networks import RunningMeanStd, adam_state_tensors, copy_state, flat_dim, mlp
-from agents.rollout import Rollout, gae
+from agents.rollout import Rollout, finished_returns, gae
 from broker.errors import ConfigError
 from envs.base import VecEnv
 
@@ -130,11 +130,14 @@ class PPOAgent:
             n_out, self._action_shape = flat_dim(action_space.shape), tuple(action_space.shape)
             low = torch.as_tensor(action_space.low, dtype=torch.float32, device=device)
             high = torch.as_tensor(action_space.high, dtype=torch.float32, device=device)
-            self._act_center, self._act_half = (high + low) / 2, (high - low) / 2
+            self._act_center = ((high + low) / 2).reshape(-1)
+            self._act_half = ((high - low) / 2).reshape(-1)
         else:
             raise ConfigError("env", f"PPO cannot act in {action_space}",
                               "use an env with a Discrete or Box action space")
 
+        # raw actions are stored flat: a class index, or the n_out Gaussian coordinates
+        self._raw_shape: tuple[int, ...] = () if self._discrete else (n_out,)
         hidden = [config.hidden_size] * config.hidden_layers
         n_in = flat_dim(obs_shape)
         with torch.random.fork_rng(devices=[]):
@@ -161,18 +164,23 @@ class PPOAgent:
         self._obs: torch.Tensor | None = None
         self._ep_return: torch.Tensor | None = None
         self._rollout: Rollout | None = None
+        self._norm_cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self._last_episodes = 0.0
         self._last_return = math.nan
 
     # ----------------------------------------------------------------- policy
 
-    def _norm(self, obs: torch.Tensor, update: bool = False) -> torch.Tensor:
-        obs = obs.to(self.device, torch.float32).reshape(-1, *self._obs_shape)
+    def _norm(self, obs: torch.Tensor) -> torch.Tensor:
+        """Observations as the networks see them: float32, normalised when configured."""
+        obs = obs.to(self.device, torch.float32)
         if not self.config.norm_obs:
             return obs
-        if update:
-            self.obs_rms.update(obs)
-        return self.obs_rms.normalize(obs)
+        if self._norm_cache is None:
+            # float32 (shift, scale) computed once per rollout, not once per step
+            inv_std = (self.obs_rms.var + 1e-8).rsqrt()
+            self._norm_cache = ((-self.obs_rms.mean * inv_std).float(), inv_std.float())
+        shift, scale = self._norm_cache
+        return torch.addcmul(shift, obs, scale).clamp_(-self.obs_rms.clip, self.obs_rms.clip)
 
     def _flat(self, obs: torch.Tensor) -> torch.Tensor:
         return obs.reshape(obs.shape[0], -1)
@@ -181,17 +189,14 @@ class PPOAgent:
         """V of normalised observations, ``[B]``."""
         return self.critic(self._flat(obs_norm)).squeeze(-1)
 
-    def _sample(self, obs_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Raw action (normalised space / class index) and its log-probability."""
+    def _sample(self, obs_norm: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+        """A raw action: a Gaussian sample in the normalised box, or a class index."""
         out = self.actor(self._flat(obs_norm))
         if self._discrete:
-            logp_all = torch.log_softmax(out, -1)
-            action = torch.multinomial(logp_all.exp(), 1, generator=self.generator).squeeze(-1)
-            return action, logp_all.gather(-1, action[:, None]).squeeze(-1)
+            probs = torch.softmax(out, -1)
+            return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
         noise = torch.randn(out.shape, generator=self.generator, device=out.device)
-        action = out + noise * self.log_std.exp()
-        logp = (-0.5 * noise.square() - self.log_std - 0.5 * LOG_2PI).sum(-1)
-        return action, logp
+        return torch.addcmul(out, noise, std)
 
     def _evaluate(
         self, obs_norm: torch.Tensor, action: torch.Tensor
@@ -211,7 +216,7 @@ class PPOAgent:
         """Map a raw action to the env's action space (clip and rescale a Gaussian sample)."""
         if self._discrete:
             return action
-        flat = action.clamp(-1.0, 1.0) * self._act_half.reshape(-1) + self._act_center.reshape(-1)
+        flat = torch.addcmul(self._act_center, action.clamp(-1.0, 1.0), self._act_half)
         return flat.reshape(-1, *self._action_shape)
 
     @torch.no_grad()
@@ -219,7 +224,7 @@ class PPOAgent:
         """Env actions for ``obs`` (the mean / most likely action when ``deterministic``)."""
         obs_norm = self._norm(obs)
         if not deterministic:
-            return self._to_env(self._sample(obs_norm)[0])
+            return self._to_env(self._sample(obs_norm, self.log_std.exp()))
         out = self.actor(self._flat(obs_norm))
         return out.argmax(-1) if self._discrete else self._to_env(out)
 
@@ -237,39 +242,56 @@ class PPOAgent:
 
     @torch.no_grad()
     def explore(self, env: VecEnv, steps: int) -> Rollout:
-        """Collect ``steps`` transitions per copy into preallocated device storage."""
+        """Collect ``steps`` transitions per copy into preallocated device storage.
+
+        The hot loop only acts, steps and stores; values, log-probabilities, episode
+        returns and the normaliser update are done once for the whole rollout after it
+        (observations are normalised with the statistics frozen at its start).
+        """
         obs = self._attach(env)
-        assert self._ep_return is not None
-        if self._rollout is None or not self._rollout.fits(steps, env.num_envs, self._obs_shape):
-            self._rollout = Rollout(steps, env.num_envs, self._obs_shape, self._action_shape,
-                                    torch.long if self._discrete else torch.float32, self.device)
-        buf, cfg = self._rollout, self.config
-        finished_sum = torch.zeros((), device=self.device)
-        finished = torch.zeros((), device=self.device)
+        keep_raw = self.config.norm_obs
+        buf = self._rollout
+        if buf is None or not buf.fits(steps, env.num_envs, self._obs_shape, keep_raw):
+            buf = self._rollout = Rollout(
+                steps, env.num_envs, self._obs_shape, self._raw_shape,
+                torch.long if self._discrete else torch.float32, self.device, keep_raw)
+        buf.bootstrap.zero_()
+        std = self.log_std.exp()
         for t in range(steps):
-            obs_norm = self._norm(obs, update=True)
-            action, logp = self._sample(obs_norm)
-            value = self.value(obs_norm)
+            obs_norm = self._norm(obs)
+            if buf.raw_obs is not None:
+                buf.raw_obs[t] = obs
+            buf.obs[t] = obs_norm
+            action = self._sample(obs_norm, std)
+            buf.actions[t] = action
             obs, reward, terminated, truncated, info = env.step(self._to_env(action))
-            reward = reward.to(self.device, torch.float32)
-            done = terminated | truncated
-            self._ep_return += reward
-            finished_sum += (self._ep_return * done).sum()
-            finished += done.sum()
-            self._ep_return *= ~done
-            learn_reward = reward * cfg.reward_scale
-            cut = truncated & ~terminated
-            if bool(cut.any()):
+            buf.rewards[t] = reward
+            buf.terminated[t] = terminated
+            buf.truncated[t] = truncated
+            if bool(truncated.any()):
                 # time-limit cut: bootstrap the tail the episode would have had
+                cut = truncated & ~terminated
                 final_value = self.value(self._norm(info["final_obs"]))
-                learn_reward = learn_reward + cfg.gamma * final_value * cut
-            buf.put(t, obs_norm, action, logp, value, learn_reward, done)
+                buf.bootstrap[t] = self.config.gamma * final_value * cut
         self._obs = obs
-        buf.last_value.copy_(self.value(self._norm(obs)))
+        self._finish(buf)
         self.env_steps += steps * env.num_envs
-        self._last_episodes = float(finished)
-        self._last_return = float(finished_sum / finished) if float(finished) > 0 else math.nan
         return buf
+
+    def _finish(self, buf: Rollout) -> None:
+        """Batched after-rollout work: values, log-probs, episode returns, normaliser."""
+        flat_obs = buf.obs.reshape(-1, *self._obs_shape)
+        flat_actions = buf.actions.reshape(-1, *self._raw_shape)
+        buf.values.copy_(self.value(flat_obs).reshape(buf.values.shape))
+        buf.logprobs.copy_(self._evaluate(flat_obs, flat_actions)[0].reshape(buf.values.shape))
+        assert self._obs is not None and self._ep_return is not None
+        buf.last_value.copy_(self.value(self._norm(self._obs)))
+        total, count, self._ep_return = finished_returns(buf.rewards, buf.dones, self._ep_return)
+        self._last_episodes = float(count)
+        self._last_return = float(total) / self._last_episodes if count > 0 else math.nan
+        if buf.raw_obs is not None:
+            self.obs_rms.update(buf.raw_obs)
+            self._norm_cache = None
 
     # ----------------------------------------------------------------- update
 
@@ -277,8 +299,8 @@ class PPOAgent:
         """PPO epochs over one rollout; returns namespaced means of the losses."""
         cfg = self.config
         with torch.no_grad():
-            advantages = gae(batch.rewards, batch.values, batch.dones, batch.last_value,
-                             cfg.gamma, cfg.gae_lambda)
+            advantages = gae(batch.learning_rewards(cfg.reward_scale), batch.values,
+                             batch.dones, batch.last_value, cfg.gamma, cfg.gae_lambda)
             returns = advantages + batch.values
         b_obs = batch.obs.reshape(-1, *self._obs_shape)
         b_actions = batch.actions.reshape(-1, *batch.actions.shape[2:])
@@ -353,6 +375,7 @@ class PPOAgent:
         copy_state(self._live_tensors(), {k: v for k, v in state.items() if k not in extra})
         self.env_steps = int(state["counters.env_steps"])
         self.iterations = int(state["counters.iterations"])
+        self._norm_cache = None
         try:
             self.generator.set_state(state["rng"].to(torch.uint8).cpu())
         except RuntimeError as exc:

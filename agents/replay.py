@@ -76,7 +76,8 @@ class ReplayBuffer:
         terminated: torch.Tensor,
     ) -> None:
         """Insert N transitions (leading dim N) at once, overwriting the oldest when full."""
-        rows = (obs, action, reward, next_obs, terminated.to(torch.float32))
+        rows: tuple[torch.Tensor, ...] = (obs, action, reward, next_obs,
+                                          terminated.to(torch.float32))
         n = obs.shape[0]
         if n > self.capacity:  # only the newest `capacity` rows would survive anyway
             rows = tuple(r[n - self.capacity:] for r in rows)
@@ -275,7 +276,8 @@ def check_positive(config: Any, *names: str) -> None:
     for name in names:
         value = getattr(config, name)
         if not value > 0:
-            raise ConfigError(name, f"must be > 0, got {value!r}", f"set {name} to a positive value")
+            raise ConfigError(name, f"must be > 0, got {value!r}",
+                              f"set {name} to a positive value")
 
 
 def check_unit(config: Any, *names: str) -> None:

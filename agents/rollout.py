@@ -42,8 +42,36 @@ def gae(
     return advantages
 
 
+def finished_returns(
+    rewards: torch.Tensor, dones: torch.Tensor, carry: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Undiscounted returns of the episodes that ended in a ``[T, N]`` rollout.
+
+    ``carry`` ``[N]`` is each copy's return so far of the episode running when the
+    rollout began. Returns (sum of finished returns, number finished, the new carry),
+    computed with a handful of whole-rollout ops instead of a few per step.
+    """
+    steps = rewards.shape[0]
+    cumulative = rewards.to(torch.float64).cumsum(0)
+    index = torch.arange(steps, device=rewards.device)[:, None].expand_as(rewards)
+    last_done = torch.where(dones, index, -1).cummax(0).values
+    before = torch.cat([torch.full_like(last_done[:1], -1), last_done[:-1]])  # last end < t
+    base = torch.where(before >= 0, cumulative.gather(0, before.clamp(min=0)),
+                       -carry.to(torch.float64))
+    returns = cumulative - base  # return of the episode running at t, up to t
+    finished = (returns * dones).sum()
+    return finished, dones.sum(), (returns[-1] * ~dones[-1]).to(carry.dtype)
+
+
 class Rollout:
-    """A preallocated ``[T, N, ...]`` rollout; the agent writes row ``t`` with ``put``."""
+    """A preallocated ``[T, N, ...]`` rollout; the agent writes row ``t`` with ``put``.
+
+    ``obs`` holds the observations the policy saw (normalised), ``raw_obs`` the env's
+    (kept only when a normaliser needs them), ``rewards`` the env's rewards and
+    ``bootstrap`` the ``gamma * V(final_obs)`` owed to truncated steps. ``logprobs``,
+    ``values`` and ``last_value`` are filled in one batch after the loop: the policy
+    does not change during a rollout, so that equals computing them step by step.
+    """
 
     def __init__(
         self,
@@ -53,13 +81,17 @@ class Rollout:
         action_shape: Sequence[int],
         action_dtype: torch.dtype,
         device: torch.device,
+        keep_raw_obs: bool = False,
     ) -> None:
         shape = (steps, num_envs)
         self.obs = torch.zeros(*shape, *obs_shape, device=device)
+        self.raw_obs = torch.zeros_like(self.obs) if keep_raw_obs else None
         self.actions = torch.zeros(*shape, *action_shape, dtype=action_dtype, device=device)
-        self.logprobs = torch.zeros(shape, device=device)
         self.rewards = torch.zeros(shape, device=device)
-        self.dones = torch.zeros(shape, dtype=torch.bool, device=device)
+        self.terminated = torch.zeros(shape, dtype=torch.bool, device=device)
+        self.truncated = torch.zeros(shape, dtype=torch.bool, device=device)
+        self.bootstrap = torch.zeros(shape, device=device)
+        self.logprobs = torch.zeros(shape, device=device)
         self.values = torch.zeros(shape, device=device)
         self.last_value = torch.zeros(num_envs, device=device)
 
@@ -73,25 +105,17 @@ class Rollout:
         """Columns ``N`` of the rollout."""
         return int(self.rewards.shape[1])
 
-    def fits(self, steps: int, num_envs: int, obs_shape: Sequence[int]) -> bool:
-        """Whether this storage can be reused for a rollout of that size."""
-        return (self.steps, self.num_envs, tuple(self.obs.shape[2:])) == (
-            steps, num_envs, tuple(obs_shape))
+    @property
+    def dones(self) -> torch.Tensor:
+        """Episode ended on the step (terminated or truncated), ``[T, N]``."""
+        return self.terminated | self.truncated
 
-    def put(
-        self,
-        t: int,
-        obs: torch.Tensor,
-        action: torch.Tensor,
-        logprob: torch.Tensor,
-        value: torch.Tensor,
-        reward: torch.Tensor,
-        done: torch.Tensor,
-    ) -> None:
-        """Write row ``t`` (copies into the preallocated tensors)."""
-        self.obs[t] = obs
-        self.actions[t] = action
-        self.logprobs[t] = logprob
-        self.values[t] = value
-        self.rewards[t] = reward
-        self.dones[t] = done
+    def learning_rewards(self, scale: float) -> torch.Tensor:
+        """``scale * reward`` plus the truncation bootstrap (already in scaled units)."""
+        return torch.addcmul(self.bootstrap, self.rewards, torch.tensor(scale))
+
+    def fits(self, steps: int, num_envs: int, obs_shape: Sequence[int], keep_raw_obs: bool
+             ) -> bool:
+        """Whether this storage can be reused for a rollout of that size."""
+        return (self.steps, self.num_envs, tuple(self.obs.shape[2:]),
+                self.raw_obs is not None) == (steps, num_envs, tuple(obs_shape), keep_raw_obs)

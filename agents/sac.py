@@ -155,8 +155,9 @@ class TwinQ(nn.Module):
 class SACAgent:
     """SAC with twin critics and automatic entropy tuning; satisfies ``agents.base.Agent``."""
 
-    def __init__(self, obs_space: gymnasium.spaces.Space[Any], act_space: gymnasium.spaces.Space[Any],
-                 config: SACConfig, device: torch.device, seed: int) -> None:
+    def __init__(self, obs_space: gymnasium.spaces.Space[Any],
+                 act_space: gymnasium.spaces.Space[Any], config: SACConfig, device: torch.device,
+                 seed: int) -> None:
         if not isinstance(act_space, gymnasium.spaces.Box):
             raise ConfigError("algorithm", f"SAC needs a continuous (Box) action space, got "
                               f"{act_space}", "use dqn or ppo for discrete actions")

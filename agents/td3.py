@@ -142,8 +142,9 @@ class TwinQ(nn.Module):
 class TD3Agent:
     """TD3 with twin critics, target smoothing and delayed policy updates."""
 
-    def __init__(self, obs_space: gymnasium.spaces.Space[Any], act_space: gymnasium.spaces.Space[Any],
-                 config: TD3Config, device: torch.device, seed: int) -> None:
+    def __init__(self, obs_space: gymnasium.spaces.Space[Any],
+                 act_space: gymnasium.spaces.Space[Any], config: TD3Config, device: torch.device,
+                 seed: int) -> None:
         if not isinstance(act_space, gymnasium.spaces.Box):
             raise ConfigError("algorithm", f"TD3 needs a continuous (Box) action space, got "
                               f"{act_space}", "use dqn or ppo for discrete actions")

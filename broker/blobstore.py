@@ -126,7 +126,7 @@ class FileBlobStore:
             raise BlobError(f"sha256: blob {sha256[:12]}... resolves outside the store")
         return path
 
-    def put(self, data: bytes | memoryview) -> BlobRef:
+    def put(self, data: bytes | bytearray | memoryview) -> BlobRef:
         """Write atomically (temp file, fsync, rename); a second put of the same bytes is free."""
         view = memoryview(data).cast("B")
         ref = BlobRef.of(hashlib.sha256(view).hexdigest(), view.nbytes)

@@ -21,7 +21,10 @@ Zero copy: the C unpacker hands each ext payload to us as a fresh ``bytes`` obje
 that nothing else references, and the decoded tensor is a ``torch.frombuffer`` view
 of it (no second copy). torch warns that ``bytes`` is not writable; because the
 buffer is private to that one tensor, writing through the tensor cannot be observed
-by anyone else, so the warning is silenced for exactly that call.
+by anyone else, so the warning is silenced for exactly that call. (On Python < 3.14
+``catch_warnings`` is not thread-safe: decoding concurrently in threads can at worst
+leave this one narrow filter installed, or drop a filter another thread added at the
+same instant. Messages themselves are unaffected.)
 """
 
 from __future__ import annotations
@@ -90,6 +93,8 @@ def _default(obj: Any) -> Any:
         return msgpack.ExtType(TENSOR_EXT, _tensor_payload(_from_numpy(obj)))
     if isinstance(obj, np.generic):
         return obj.item()  # numpy scalars (np.float32(1.0), np.int64(3)) as plain numbers
+    if isinstance(obj, int):  # msgpack hands over the ints it cannot encode
+        raise TypeError(f"integer {obj} does not fit in 64 bits")
     raise TypeError(f"unsupported type {type(obj).__name__}")
 
 

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 PUBLISH_TRIES = 3
 PREVIEW_CHARS = 160
+REQUEUE_WAIT = 2.0
+"""Seconds ``peek_dead`` waits for the broker to requeue what it peeked."""
 _NOT_FOUND = 404
 
 
@@ -128,7 +130,9 @@ class SyncClient:
         """Up to ``n`` dead letters of ``queue`` (work or ``.dead`` name), left in place.
 
         Messages are fetched unacknowledged and all put back (nack, requeue) before
-        returning; a classic dead-letter queue keeps their order.
+        returning; a classic dead-letter queue keeps their order. The broker requeues
+        asynchronously, so this waits (briefly, bounded) until the queue is back to its
+        depth: a stats call or a second peek right after sees every message again.
         """
         if n < 1:
             raise ConfigError("n", f"must be >= 1, got {n}", "ask for at least one message")
@@ -136,6 +140,7 @@ class SyncClient:
         return self._call(lambda ch: self._peek(ch, dead, n), what=dead)
 
     def _peek(self, channel: BlockingChannel, dead: str, n: int) -> list[DeadLetter]:
+        depth = channel.queue_declare(dead, passive=True).method.message_count
         letters: list[DeadLetter] = []
         last_tag = 0
         try:
@@ -148,7 +153,19 @@ class SyncClient:
         finally:
             if last_tag and channel.is_open:
                 channel.basic_nack(delivery_tag=last_tag, multiple=True, requeue=True)
+        if letters:
+            self._wait_for_depth(channel, dead, depth)
         return letters
+
+    def _wait_for_depth(self, channel: BlockingChannel, queue: str, depth: int) -> None:
+        deadline = time.monotonic() + REQUEUE_WAIT
+        while channel.queue_declare(queue, passive=True).method.message_count < depth:
+            if time.monotonic() > deadline:
+                # Someone else consumed from the dead-letter queue meanwhile; not an error.
+                log.debug("%s did not return to %d messages within %.1fs",
+                          queue, depth, REQUEUE_WAIT)
+                return
+            channel.connection.sleep(0.01)
 
     # ------------------------------------------------------------------ publishing
 

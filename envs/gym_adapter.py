@@ -6,9 +6,12 @@ Vectorization (``make(..., vectorization=...)``):
 * ``"async"``: ``gymnasium.vector.AsyncVectorEnv``, one subprocess per copy, shared memory.
 * ``"threads"``: ``envs.threaded_vector.ThreadedVectorEnv``, the same Gymnasium copies
   stepped on a few threads; worth it for MuJoCo only, whose physics releases the GIL.
-* ``"auto"`` (default): ``"threads"`` for Gymnasium's MuJoCo envs when more than one CPU
-  and copy are there, ``"sync"`` otherwise. Every option keeps Gymnasium's semantics
-  exactly (same rollout for the same seed and actions).
+* ``"batched"``: ``envs.mujoco_batched.AntBatchedVectorEnv``, ``Ant-v5`` only: physics
+  on threads, observation and reward terms computed for the whole batch in numpy.
+* ``"auto"`` (default): ``"batched"`` for ``Ant-v5`` and ``"threads"`` for Gymnasium's
+  other MuJoCo envs when more than one CPU and copy are there, ``"sync"`` otherwise.
+  Every option keeps Gymnasium's semantics exactly (same rollout for the same seed and
+  actions; the tests compare them).
 
 Other backends were measured for MuJoCo and not chosen (figures in ``benchmarks/envs.py``
 docs): envpool 1.2.5 steps Ant-v5 no faster than the threaded Gymnasium copies here and
@@ -45,7 +48,7 @@ from envs.threaded_vector import ThreadedVectorEnv
 
 log = logging.getLogger(__name__)
 
-VECTORIZATIONS = ("auto", "sync", "async", "threads")
+VECTORIZATIONS = ("auto", "sync", "async", "threads", "batched")
 
 
 class GymVecEnv:
@@ -145,7 +148,7 @@ def make(
     cpus = len(os.sched_getaffinity(0))
     threads = num_threads if num_threads is not None else cpus
     if vectorization == "auto":
-        vectorization = "threads" if _is_mujoco(spec) and min(threads, num_envs) > 1 else "sync"
+        vectorization = _auto(spec, min(threads, num_envs) > 1, kwargs)
     env_fn = functools.partial(gymnasium.make, gym_id, **kwargs)
     try:
         vector_env = _build(vectorization, env_fn, num_envs, threads)
@@ -159,8 +162,22 @@ def make(
     return GymVecEnv(vector_env, device, obs_dtype)
 
 
+def _auto(spec: gymnasium.envs.registration.EnvSpec, parallel: bool, kwargs: dict[str, Any]) -> str:
+    """The fastest vectorization that keeps Gymnasium's rollout (see the module docs)."""
+    entry = spec.entry_point if isinstance(spec.entry_point, str) else ""
+    if not parallel or not entry.startswith("gymnasium.envs.mujoco"):
+        return "sync"
+    if entry == "gymnasium.envs.mujoco.ant_v5:AntEnv" and kwargs.get("render_mode") is None:
+        return "batched"
+    return "threads"
+
+
 def _build(mode: str, env_fn: Any, num_envs: int, threads: int) -> gymnasium.vector.VectorEnv:
     fns = [env_fn] * num_envs
+    if mode == "batched":
+        from envs.mujoco_batched import AntBatchedVectorEnv  # imports mujoco: only when asked
+
+        return AntBatchedVectorEnv(fns, num_threads=threads)
     if mode == "threads":
         return ThreadedVectorEnv(fns, num_threads=threads)
     if mode == "async":
@@ -185,11 +202,6 @@ def _find_spec(gym_id: str) -> gymnasium.envs.registration.EnvSpec:
         close = difflib.get_close_matches(gym_id, list(gymnasium.registry), n=5, cutoff=0.5)
         hint = f"close matches: {', '.join(close)}" if close else "see gymnasium.pprint_registry()"
         raise ConfigError("gym_id", f"unknown Gymnasium id {gym_id!r}", hint) from None
-
-
-def _is_mujoco(spec: gymnasium.envs.registration.EnvSpec) -> bool:
-    entry = spec.entry_point
-    return isinstance(entry, str) and entry.startswith("gymnasium.envs.mujoco")
 
 
 def _torch_obs_dtype(space: gymnasium.spaces.Space[Any], wanted: torch.dtype | None) -> torch.dtype:

@@ -120,9 +120,7 @@ def default_env_registry() -> EnvRegistry:
     registry.register(
         "gym/", lazy_adapter("envs.gym_adapter", "gymnasium[mujoco]"), hint="<gymnasium id>"
     )
-    registry.register(
-        "isaacgym/", lazy_adapter("envs.isaacgym_adapter", "isaacgym"), hint="<Task>"
-    )
+    registry.register("isaacgym/", lazy_adapter("envs.isaacgym_adapter", "isaacgym"), hint="<Task>")
     registry.register(
         "stock/", lazy_adapter("envs.stock", "the podracer stock env"), hint="<csv path>"
     )

@@ -11,12 +11,13 @@ import dataclasses
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from broker.errors import ConfigError
 from leaderboard.store import Entry
 
 
+@runtime_checkable
 class SelectionStrategy(Protocol):
     """Picks the parent of the next pod from the leaderboard, or ``None`` for a fresh init."""
 

@@ -36,7 +36,7 @@ import torch
 
 from broker import codec
 from broker.blobstore import BlobRef, FileBlobStore
-from broker.errors import BlobError, ConfigError, PodracerError
+from broker.errors import BlobError, ConfigError, PodracerError, SchemaError
 from broker.schemas import Checkpoint, Scalar
 
 log = logging.getLogger(__name__)
@@ -204,7 +204,7 @@ class LeaderboardStore:
         try:
             payload = codec.pack(dict(checkpoint.state))
         except TypeError as exc:
-            raise ConfigError("checkpoint.state", str(exc), "send a map of tensors") from None
+            raise SchemaError(f"state: {exc}") from None
         ref = self.blobs.put(payload)  # blob first: a crash now leaves only an orphan blob
         row: dict[str, Any] = {
             "id": checkpoint.id, "parent_id": checkpoint.parent_id,

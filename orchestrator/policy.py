@@ -33,7 +33,8 @@ class QueueStats:
     depth: int
     """Ready (not yet delivered) initializations."""
     consumers: int
-    """Pods consuming from it."""
+    """Pods consuming from it (reported in reasons; with prefetch 1 every consumer already
+    holds one initialization, so only ``depth`` measures unmet demand)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +127,8 @@ class ScalingPolicy:
         if queue is not None:
             demand = current + math.ceil(max(queue.depth, 0) / self.queue_target)
             if pods > demand:
-                pods, reason = demand, f"{queue.depth} initializations waiting"
+                pods, reason = demand, (f"{queue.depth} initializations waiting for "
+                                        f"{queue.consumers} pods")
         if pods < self.min_pods:
             pods, reason = self.min_pods, f"min_pods {self.min_pods}"
         elif pods > self.max_pods:

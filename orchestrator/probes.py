@@ -12,7 +12,7 @@ import logging
 import socket
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import psutil
 
@@ -49,6 +49,7 @@ class NodeLoad:
     gpus: list[GpuLoad] = dataclasses.field(default_factory=list)
 
 
+@runtime_checkable
 class Probe(Protocol):
     """Reads a node's current load."""
 
@@ -72,9 +73,9 @@ class NodeProbe:
         """Probe this machine, reported as ``node`` (default: the host name)."""
         self.node = node or socket.gethostname()
         self._nvml = self._init_nvml(nvml)
-        # psutil measures CPU between two calls; this first call sets the reference point
-        # so the first read() is meaningful.
-        psutil.cpu_percent(interval=None)
+        # CPU percent is measured between two readings; keep our own reference point
+        # (psutil.cpu_percent's is shared by the whole process).
+        self._last_cpu = psutil.cpu_times()
 
     @staticmethod
     def _init_nvml(nvml: Any | None) -> Any | None:
@@ -91,11 +92,20 @@ class NodeProbe:
         """CPU, memory and (when NVML works) GPU load right now."""
         return NodeLoad(
             node=self.node,
-            cpu_percent=float(psutil.cpu_percent(interval=None)),
+            cpu_percent=self._cpu_percent(),
             cpu_count=psutil.cpu_count(logical=True) or 1,
             mem_percent=float(psutil.virtual_memory().percent),
             gpus=self._gpus(),
         )
+
+    def _cpu_percent(self) -> float:
+        now = psutil.cpu_times()
+        before, self._last_cpu = self._last_cpu, now
+        total = _total(now) - _total(before)
+        idle = _idle(now) - _idle(before)
+        if total <= 0:
+            return 0.0  # two readings within one clock tick
+        return min(100.0, max(0.0, 100.0 * (total - idle) / total))
 
     def _gpus(self) -> list[GpuLoad]:
         nvml = self._nvml
@@ -123,6 +133,15 @@ class NodeProbe:
                 nvml.nvmlShutdown()
             except Exception as exc:
                 log.debug("nvmlShutdown failed: %s", exc)
+
+
+def _total(times: Any) -> float:
+    # guest time is already counted in user time on Linux
+    return float(sum(times)) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+
+
+def _idle(times: Any) -> float:
+    return float(times.idle) + getattr(times, "iowait", 0.0)
 
 
 class FakeProbe:

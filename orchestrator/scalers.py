@@ -1,4 +1,6 @@
-"""Scalers start and stop pods: local processes, or replicas of a Docker Swarm service.
+"""Scalers start and stop pods: local processes, replicas of a Docker Swarm service, or
+nothing (pods managed outside); ``build_scaler`` picks one for ``podracer serve
+orchestrator``.
 
 Every method is synchronous and quick (no call blocks for a pod's grace period except
 ``close``); an asyncio service calls them through ``asyncio.to_thread``.
@@ -8,20 +10,28 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import signal
+import socket
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from broker.errors import BrokerError, ConfigError
+
+if TYPE_CHECKING:
+    from podracer.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
+@runtime_checkable
 class Scaler(Protocol):
     """Runs some number of pods and keeps them running."""
 
@@ -49,6 +59,7 @@ class Scaler(Protocol):
 class _Slot:
     """One pod position: its current process and its crash history."""
 
+    serial: int
     name: str
     process: subprocess.Popen[bytes] | None = None
     started: float = 0.0
@@ -74,7 +85,8 @@ class LocalProcessScaler:
     restarted. Surplus pods get SIGTERM, so the pod finishes its round or returns its
     initialization to the queue, and SIGKILL (whole process group) after ``grace``.
     Pods run in their own session: a Ctrl-C on the terminal reaches only the
-    orchestrator, which then stops them gracefully through ``close``.
+    orchestrator, which then stops them gracefully through ``close``. Not thread-safe:
+    drive it from one thread (the orchestrator's poll loop).
     """
 
     def __init__(self, command: Sequence[str], env: Mapping[str, str] | None = None, *,
@@ -123,7 +135,7 @@ class LocalProcessScaler:
 
     def _new_slot(self) -> _Slot:
         self._serial += 1
-        slot = _Slot(name=f"{self.name_prefix}-{self._serial}")
+        slot = _Slot(serial=self._serial, name=f"{self.name_prefix}-{self._serial}")
         self._spawn(slot)
         return slot
 
@@ -154,7 +166,7 @@ class LocalProcessScaler:
                 self._stopping.append(_Stopping(slot.name, slot.process,
                                                 self._clock() + self.grace))
                 log.info("stopping %s (SIGTERM, grace %.0f s)", slot.name, self.grace)
-        self._slots.sort(key=lambda s: int(s.name.rsplit("-", 1)[1]))
+        self._slots.sort(key=lambda s: s.serial)
 
     def _reap_stopping(self) -> None:
         now = self._clock()
@@ -292,3 +304,94 @@ class SwarmScaler:
             with contextlib.suppress(Exception):
                 self._client.close()
         self._client = None
+
+
+# ------------------------------------------------------------------------- none
+
+
+class NullScaler:
+    """Pods are run by someone else (``docker compose up --scale pod=N``).
+
+    It remembers the last target so the orchestrator announces each change on
+    ``control.scale`` once, as advice, instead of asking again every poll.
+    """
+
+    def __init__(self) -> None:
+        """Start with no pods requested."""
+        self._target = 0
+
+    def current(self) -> int:
+        """The last target asked for."""
+        return self._target
+
+    def scale_to(self, n: int) -> None:
+        """Record ``n``; nothing is started."""
+        if n < 0:
+            raise ConfigError("pods", f"must be >= 0, got {n}")
+        self._target = n
+
+    def reap(self) -> int:
+        """Nothing to restart."""
+        return 0
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+# ---------------------------------------------------------------------- builder
+
+SCALERS = ("local", "swarm", "none")
+
+
+def pod_environment(settings: Settings, experiment_file: Path) -> dict[str, str]:
+    """The ``PODRACER_*`` variables a pod process needs to join this experiment."""
+    env = {"PODRACER_BROKER": settings.broker, "PODRACER_STORE": str(settings.store),
+           "PODRACER_EXPERIMENT_FILE": str(experiment_file)}
+    if settings.device:
+        env["PODRACER_DEVICE"] = settings.device
+    if settings.torch_threads:
+        env["PODRACER_TORCH_THREADS"] = str(settings.torch_threads)
+    return env
+
+
+def write_experiment_json(settings: Settings) -> Path:
+    """Write the orchestrator's validated experiment for its pods, atomically.
+
+    Pods read exactly what the orchestrator runs (CLI overrides included); the file
+    lives in the shared store as ``experiment.json``, the name ``podracer train`` uses.
+    """
+    path = Path(settings.store) / "experiment.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(settings.experiment.to_dict(), indent=2, sort_keys=True)
+    fd, tmp = tempfile.mkstemp(prefix=".experiment-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)  # a pod starting now never reads half a file
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def build_scaler(kind: str | None, settings: Settings, log_dir: str | Path | None = None,
+                 environ: Mapping[str, str] | None = None) -> Scaler:
+    """The scaler called ``kind`` (default ``PODRACER_SCALER``, else ``local``).
+
+    ``local`` runs ``python -m podracer serve pod`` processes with this experiment's
+    settings; ``swarm`` scales ``PODRACER_SWARM_SERVICE`` (default ``podracer_pod``);
+    ``none`` leaves pods to someone else.
+    """
+    env = os.environ if environ is None else environ
+    kind = kind or env.get("PODRACER_SCALER") or "local"
+    if kind == "local":
+        pod_env = pod_environment(settings, write_experiment_json(settings))
+        return LocalProcessScaler([sys.executable, "-m", "podracer", "serve", "pod"],
+                                  env=pod_env, name_prefix=f"pod-{socket.gethostname()}",
+                                  log_dir=Path(log_dir) if log_dir else None)
+    if kind == "swarm":
+        return SwarmScaler(env.get("PODRACER_SWARM_SERVICE") or "podracer_pod")
+    if kind == "none":
+        return NullScaler()
+    raise ConfigError("scaler", f"unknown scaler {kind!r}", f"choose one of {', '.join(SCALERS)}")

@@ -1,0 +1,17 @@
+"""Podracer: elastic, population-based deep RL; a tournament of training pods on RabbitMQ."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from leaderboard.export import Policy
+
+
+def load_policy(path: str | Path, device: str = "cpu") -> Policy:
+    """Load a file written by ``podracer export`` (see ``leaderboard.export.load_policy``)."""
+    # imported here so that `import podracer` stays light (no torch, no agents)
+    from leaderboard.export import load_policy as load
+
+    return load(path, device)

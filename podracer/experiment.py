@@ -190,6 +190,16 @@ class _Table:
             raise ConfigError(self.field(key), f"must be in [{low}, {high}], got {value}")
         return float(value)
 
+    def required_integer(self, key: str, default: int, minimum: int) -> int:
+        value = self.integer(key, default, minimum)
+        assert value is not None  # a non-None default never reads as None
+        return value
+
+    def required_number(self, key: str, default: float, low: float, high: float) -> float:
+        value = self.number(key, default, low, high)
+        assert value is not None
+        return value
+
     def table(self, key: str) -> _Table:
         return _Table(self.raw(key, {}), self.field(key))
 
@@ -244,14 +254,13 @@ def _selection(table: _Table) -> SelectionSpec:
 
 
 def _mutation(table: _Table) -> MutationConfig:
-    resample_p = table.number("resample_p", 0.25, 0.0, 1.0)
+    resample_p = table.required_number("resample_p", 0.25, 0.0, 1.0)
     factors = table.raw("perturb_factors", [0.8, 1.25])
     table.finish()
     if not isinstance(factors, list) or len(factors) != 2 or not all(
             isinstance(f, int | float) and not isinstance(f, bool) for f in factors):
         raise ConfigError("mutation.perturb_factors", f"expected two numbers, got {factors!r}",
                           "e.g. perturb_factors = [0.8, 1.25]")
-    assert resample_p is not None
     return MutationConfig(resample_p=resample_p,
                           perturb_factors=(float(factors[0]), float(factors[1])))
 
@@ -302,7 +311,10 @@ def _check_registry(exp: Experiment, registry: AlgorithmRegistry) -> None:
         try:
             config_from_hparams(spec.config_cls, exp.overrides_for(name))
         except ConfigError as exc:
-            raise ConfigError(f"{name}.{exc.field}", exc.problem, exc.fix) from None
+            # config_from_hparams says "hparams.lr"; the file's path is "hparams.ppo.lr".
+            field = exc.field.removeprefix("hparams").lstrip(".")
+            raise ConfigError(f"hparams.{name}.{field}".rstrip("."), exc.problem,
+                              exc.fix) from None
 
 
 def parse_experiment(data: Mapping[str, Any],
@@ -319,18 +331,18 @@ def parse_experiment(data: Mapping[str, Any],
         env=top.string("env"),
         algos=algos,
         round_budget=_round_budget(top.table("round_budget")),
-        pods=top.integer("pods", 4, 1) or 4,
+        pods=top.required_integer("pods", 4, 1),
         target_score=top.number("target_score", None),
         total_budget=_total_budget(top.table("total_budget")),
-        top_k=top.integer("top_k", 8, 1) or 8,
+        top_k=top.required_integer("top_k", 8, 1),
         selection=_selection(top.table("selection")),
         mutation=_mutation(top.table("mutation")),
-        explore_p=top.number("explore_p", 0.2, 0.0, 1.0) or 0.0,
-        eval_episodes=top.integer("eval_episodes", 8, 1) or 8,
+        explore_p=top.required_number("explore_p", 0.2, 0.0, 1.0),
+        eval_episodes=top.required_integer("eval_episodes", 8, 1),
         num_envs=_num_envs(top.raw("num_envs", {}), algos),
         hparams=_hparams(top.table("hparams"), algos),
         device=_device(top.string("device", "auto")),
-        seed=top.integer("seed", 0, 0) or 0,
+        seed=top.required_integer("seed", 0, 0),
     )
     top.finish()
     if registry is not None:

@@ -219,7 +219,7 @@ class StockTradingEnv:
         before = self._cash + (self._holdings * price).sum(dim=1)
         turbulent = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
         if self._turbulence is not None and config.turbulence_threshold is not None:
-            turbulent = self._turbulence[self._day] > config.turbulence_threshold
+            turbulent = self._turbulence[self._day] >= config.turbulence_threshold
 
         sell = torch.minimum((-shares).clamp(min=0.0), self._holdings)
         sell = torch.where(turbulent[:, None], self._holdings, sell)

@@ -18,7 +18,7 @@ from envs.stock.indicators import (
     normalize_indicator,
     turbulence,
 )
-from envs.stock.market import DateLike, MarketData
+from envs.stock.market import DateLike, MarketData, date_mask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +43,7 @@ class MarketFeatures:
 
     def between(self, start: DateLike | None = None, end: DateLike | None = None) -> MarketFeatures:
         """Days with ``start <= date < end``."""
-        stub = MarketData("features", self.dates, self.tickers, *[self.close] * 5)
-        mask = np.isin(self.dates, stub.between(start, end).dates)
+        mask = date_mask(self.dates, start, end, "the features")
         return dataclasses.replace(
             self,
             dates=self.dates[mask],

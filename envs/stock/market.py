@@ -78,18 +78,24 @@ class MarketData:
 
     def between(self, start: DateLike | None = None, end: DateLike | None = None) -> MarketData:
         """Days with ``start <= date < end`` (FinRL's ``data_split``); ``None`` is open-ended."""
-        mask = np.ones(self.num_days, dtype=bool)
-        if start is not None:
-            mask &= self.dates >= as_day(start, "start_date")
-        if end is not None:
-            mask &= self.dates < as_day(end, "end_date")
-        if not mask.any():
-            raise ConfigError(
-                "start_date/end_date",
-                f"no trading day of {self.source} lies in [{start}, {end})",
-                f"the data spans {self.dates[0]} .. {self.dates[-1]}",
-            )
-        return self.rows(mask)
+        return self.rows(date_mask(self.dates, start, end, self.source))
+
+
+def date_mask(dates: np.ndarray, start: DateLike | None, end: DateLike | None,
+              source: str) -> np.ndarray:
+    """Boolean mask of ``start <= dates < end``; a ConfigError if it selects nothing."""
+    mask = np.ones(len(dates), dtype=bool)
+    if start is not None:
+        mask &= dates >= as_day(start, "start_date")
+    if end is not None:
+        mask &= dates < as_day(end, "end_date")
+    if not mask.any():
+        raise ConfigError(
+            "start_date/end_date",
+            f"no trading day of {source} lies in [{start}, {end})",
+            f"the data spans {dates[0]} .. {dates[-1]}" if len(dates) else "the data is empty",
+        )
+    return mask
 
 
 def split_by_date(data: MarketData, test_start: DateLike) -> tuple[MarketData, MarketData]:

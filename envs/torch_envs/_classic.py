@@ -6,10 +6,12 @@ autoreset. The state is stored feature-major (``[state_dim, N]``) so every physi
 quantity is a contiguous row; ``get_state``/``set_state`` speak Gymnasium's
 copy-major ``[N, state_dim]`` layout.
 
-Autoreset draws a fresh start state for every copy on every step and keeps it only
-where a copy ended: that costs one ``torch.rand`` per step but never reads a tensor
-back to the host (``done.any()`` would stall a GPU stream), and it keeps the RNG
-stream, hence every trajectory, a function of the seed and the actions alone.
+Autoreset differs by device, and trajectories are a function of the seed and the
+actions on either path. On CPU, reading ``done`` costs nothing, so only the copies
+that ended draw a start state (torch's CPU generator is slow: drawing for all N
+copies every step was most of CartPole's step time). Elsewhere, reading ``done``
+would stall the stream, so every copy draws a start state every step and
+``torch.where`` keeps it only where the copy ended.
 """
 
 from __future__ import annotations
@@ -33,14 +35,18 @@ class BatchedClassicEnv:
     single_action_space: gymnasium.spaces.Space[Any]
 
     def __init__(
-        self, num_envs: int, device: str | torch.device, state_dtype: torch.dtype,
+        self,
+        num_envs: int,
+        device: str | torch.device,
+        state_dtype: torch.dtype,
         seed: int | None,
     ) -> None:
         self.num_envs = _core.check_num_envs(num_envs)
         self.device = _core.check_device(device)
         self.state_dtype = _core.check_state_dtype(state_dtype)
         self._generator = _core.make_generator(self.device, seed)
-        self._state = self._sample_start()
+        self._draw_only_ended = self.device.type == "cpu"
+        self._state = self._sample_start(self.num_envs)
         self._elapsed = torch.zeros(self.num_envs, dtype=torch.int32, device=self.device)
 
     @property
@@ -52,7 +58,7 @@ class BatchedClassicEnv:
         """Start a new episode in every copy (reseeding the generator if ``seed`` is given)."""
         if seed is not None:
             self._generator.manual_seed(seed)
-        self._state = self._sample_start()
+        self._state = self._sample_start(self.num_envs)
         self._elapsed.zero_()
         return self._obs(self._state), {}
 
@@ -82,9 +88,16 @@ class BatchedClassicEnv:
         truncated = self._elapsed >= self.max_episode_steps
         done = terminated | truncated
         final_obs = self._obs(state)
-        self._state = torch.where(done, self._sample_start(), state)
+        if self._draw_only_ended:
+            ended = done.nonzero().squeeze(1)
+            state[:, ended] = self._sample_start(ended.numel())
+            obs = final_obs.clone()
+            obs[ended] = self._obs(state[:, ended])
+        else:
+            state = torch.where(done, self._sample_start(self.num_envs), state)
+            obs = torch.where(done.unsqueeze(1), self._obs(state), final_obs)
+        self._state = state
         self._elapsed.masked_fill_(done, 0)
-        obs = torch.where(done.unsqueeze(1), self._obs(self._state), final_obs)
         return obs, reward, terminated, truncated, {"final_obs": final_obs}
 
     def close(self) -> None:
@@ -94,8 +107,8 @@ class BatchedClassicEnv:
         """Validate the action shape and return it as a flat ``[N]`` tensor on the device."""
         raise NotImplementedError
 
-    def _sample_start(self) -> torch.Tensor:
-        """Draw a start state ``[state_dim, N]`` for every copy."""
+    def _sample_start(self, count: int) -> torch.Tensor:
+        """Draw ``count`` start states as ``[state_dim, count]``."""
         raise NotImplementedError
 
     def _advance(
@@ -109,7 +122,9 @@ class BatchedClassicEnv:
         raise NotImplementedError
 
 
-def check_discrete_action(action: torch.Tensor, num_envs: int, device: torch.device) -> torch.Tensor:
+def check_discrete_action(
+    action: torch.Tensor, num_envs: int, device: torch.device
+) -> torch.Tensor:
     """Accept ``[N]`` or ``[N, 1]`` actions of any dtype; return ``int64[N]`` on ``device``."""
     if action.shape not in ((num_envs,), (num_envs, 1)):
         raise ValueError(f"action: expected shape ({num_envs},), got {tuple(action.shape)}")

@@ -29,11 +29,9 @@ MAX_VEL_1 = 4 * math.pi
 MAX_VEL_2 = 9 * math.pi
 
 
-def _derivatives(
-    theta1: torch.Tensor, theta2: torch.Tensor, dtheta1: torch.Tensor, dtheta2: torch.Tensor,
-    a: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gymnasium's ``AcrobotEnv._dsdt`` ("book" variant), term for term."""
+def _derivatives(y: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """Gymnasium's ``AcrobotEnv._dsdt`` ("book" variant) term for term, on ``y[4, N]``."""
+    theta1, theta2, dtheta1, dtheta2 = y
     sin2 = torch.sin(theta2)
     cos2 = torch.cos(theta2)
     d1 = M1 * LC1**2 + M2 * (L1**2 + LC2**2 + 2 * L1 * LC2 * cos2) + I1 + I2
@@ -49,7 +47,7 @@ def _derivatives(
         M2 * LC2**2 + I2 - d2**2 / d1
     )
     ddtheta1 = -(d2 * ddtheta2 + phi1) / d1
-    return dtheta1, dtheta2, ddtheta1, ddtheta2
+    return torch.stack((dtheta1, dtheta2, ddtheta1, ddtheta2))
 
 
 def _wrap(x: torch.Tensor) -> torch.Tensor:
@@ -70,8 +68,12 @@ class TorchAcrobot(BatchedClassicEnv):
     state_dim = 4
 
     def __init__(
-        self, num_envs: int, device: str | torch.device = "cpu", *,
-        state_dtype: torch.dtype = torch.float64, seed: int | None = None,
+        self,
+        num_envs: int,
+        device: str | torch.device = "cpu",
+        *,
+        state_dtype: torch.dtype = torch.float64,
+        seed: int | None = None,
     ) -> None:
         high = np.array([1.0, 1.0, 1.0, 1.0, MAX_VEL_1, MAX_VEL_2], dtype=np.float32)
         self.single_observation_space = gymnasium.spaces.Box(low=-high, high=high, dtype=np.float32)
@@ -81,10 +83,10 @@ class TorchAcrobot(BatchedClassicEnv):
     def _check_action(self, action: torch.Tensor) -> torch.Tensor:
         return check_discrete_action(action, self.num_envs, self.device)
 
-    def _sample_start(self) -> torch.Tensor:
+    def _sample_start(self, count: int) -> torch.Tensor:
         # Gymnasium rounds its start state to float32 before the first step.
         start = _core.uniform(
-            self._generator, (4, self.num_envs), -0.1, 0.1, torch.float64, self.device
+            self._generator, (4, count), -0.1, 0.1, torch.float64, self.device
         )
         return start.to(torch.float32).to(self.state_dtype)
 
@@ -92,18 +94,19 @@ class TorchAcrobot(BatchedClassicEnv):
         self, state: torch.Tensor, action: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         torque = (action - 1).clamp_(-1, 1).to(self.state_dtype)
-        y0 = state.unbind()
-        k1 = _derivatives(*y0, torque)
-        k2 = _derivatives(*(y + 0.1 * k for y, k in zip(y0, k1, strict=True)), torque)
-        k3 = _derivatives(*(y + 0.1 * k for y, k in zip(y0, k2, strict=True)), torque)
-        k4 = _derivatives(*(y + DT * k for y, k in zip(y0, k3, strict=True)), torque)
-        theta1, theta2, dtheta1, dtheta2 = (
-            y + DT / 6.0 * (a + 2 * b + 2 * c + d)
-            for y, a, b, c, d in zip(y0, k1, k2, k3, k4, strict=True)
-        )
+        # One RK4 step over [0, DT], in the reference's evaluation order.
+        k1 = _derivatives(state, torque)
+        k2 = _derivatives(state + 0.1 * k1, torque)
+        k3 = _derivatives(state + 0.1 * k2, torque)
+        k4 = _derivatives(state + DT * k3, torque)
+        theta1, theta2, dtheta1, dtheta2 = state + DT / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
         next_state = torch.stack(
-            (_wrap(theta1), _wrap(theta2), dtheta1.clamp(-MAX_VEL_1, MAX_VEL_1),
-             dtheta2.clamp(-MAX_VEL_2, MAX_VEL_2))
+            (
+                _wrap(theta1),
+                _wrap(theta2),
+                dtheta1.clamp(-MAX_VEL_1, MAX_VEL_1),
+                dtheta2.clamp(-MAX_VEL_2, MAX_VEL_2),
+            )
         )
         theta1, theta2 = next_state[0], next_state[1]
         terminated = -torch.cos(theta1) - torch.cos(theta2 + theta1) > 1.0
@@ -113,6 +116,13 @@ class TorchAcrobot(BatchedClassicEnv):
     def _obs(self, state: torch.Tensor) -> torch.Tensor:
         theta1, theta2, dtheta1, dtheta2 = state
         return torch.stack(
-            (torch.cos(theta1), torch.sin(theta1), torch.cos(theta2), torch.sin(theta2),
-             dtheta1, dtheta2), dim=1,
+            (
+                torch.cos(theta1),
+                torch.sin(theta1),
+                torch.cos(theta2),
+                torch.sin(theta2),
+                dtheta1,
+                dtheta2,
+            ),
+            dim=1,
         ).to(torch.float32)

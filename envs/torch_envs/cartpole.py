@@ -42,13 +42,15 @@ class TorchCartPole(BatchedClassicEnv):
     state_dim = 4
 
     def __init__(
-        self, num_envs: int, device: str | torch.device = "cpu", *,
-        sutton_barto_reward: bool = False, state_dtype: torch.dtype = torch.float64,
+        self,
+        num_envs: int,
+        device: str | torch.device = "cpu",
+        *,
+        sutton_barto_reward: bool = False,
+        state_dtype: torch.dtype = torch.float64,
         seed: int | None = None,
     ) -> None:
-        high = np.array(
-            [X_THRESHOLD * 2, np.inf, THETA_THRESHOLD * 2, np.inf], dtype=np.float32
-        )
+        high = np.array([X_THRESHOLD * 2, np.inf, THETA_THRESHOLD * 2, np.inf], dtype=np.float32)
         self.single_observation_space = gymnasium.spaces.Box(-high, high, dtype=np.float32)
         self.single_action_space = gymnasium.spaces.Discrete(2)
         self.sutton_barto_reward = sutton_barto_reward
@@ -57,9 +59,9 @@ class TorchCartPole(BatchedClassicEnv):
     def _check_action(self, action: torch.Tensor) -> torch.Tensor:
         return check_discrete_action(action, self.num_envs, self.device)
 
-    def _sample_start(self) -> torch.Tensor:
+    def _sample_start(self, count: int) -> torch.Tensor:
         return _core.uniform(
-            self._generator, (4, self.num_envs), -0.05, 0.05, self.state_dtype, self.device
+            self._generator, (4, count), -0.05, 0.05, self.state_dtype, self.device
         )
 
     def _advance(
@@ -76,8 +78,12 @@ class TorchCartPole(BatchedClassicEnv):
         )
         x_acc = temp - POLEMASS_LENGTH * theta_acc * cos_theta / TOTAL_MASS
         next_state = torch.stack(
-            (x + TAU * x_dot, x_dot + TAU * x_acc, theta + TAU * theta_dot,
-             theta_dot + TAU * theta_acc)
+            (
+                x + TAU * x_dot,
+                x_dot + TAU * x_acc,
+                theta + TAU * theta_dot,
+                theta_dot + TAU * theta_acc,
+            )
         )
         new_x, new_theta = next_state[0], next_state[2]
         terminated = (new_x.abs() > X_THRESHOLD) | (new_theta.abs() > THETA_THRESHOLD)

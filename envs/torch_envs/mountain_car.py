@@ -35,8 +35,12 @@ class TorchMountainCarContinuous(BatchedClassicEnv):
     state_dim = 2
 
     def __init__(
-        self, num_envs: int, device: str | torch.device = "cpu", *,
-        goal_velocity: float = 0.0, seed: int | None = None,
+        self,
+        num_envs: int,
+        device: str | torch.device = "cpu",
+        *,
+        goal_velocity: float = 0.0,
+        seed: int | None = None,
     ) -> None:
         self.goal_velocity = float(goal_velocity)
         self.single_observation_space = gymnasium.spaces.Box(
@@ -52,9 +56,9 @@ class TorchMountainCarContinuous(BatchedClassicEnv):
     def _check_action(self, action: torch.Tensor) -> torch.Tensor:
         return check_box_action(action, self.num_envs, self.device)
 
-    def _sample_start(self) -> torch.Tensor:
+    def _sample_start(self, count: int) -> torch.Tensor:
         position = _core.uniform(
-            self._generator, (self.num_envs,), -0.6, -0.4, torch.float64, self.device
+            self._generator, (count,), -0.6, -0.4, torch.float64, self.device
         )
         return torch.stack((position, torch.zeros_like(position))).to(torch.float32)
 

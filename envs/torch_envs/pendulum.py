@@ -83,7 +83,8 @@ class TorchPendulum:
         if elapsed_steps is not None:
             if not 0 <= elapsed_steps < MAX_EPISODE_STEPS:
                 raise ConfigError(
-                    "elapsed_steps", f"must be in [0, {MAX_EPISODE_STEPS}), got {elapsed_steps}",
+                    "elapsed_steps",
+                    f"must be in [0, {MAX_EPISODE_STEPS}), got {elapsed_steps}",
                     "pass the number of steps already taken in the episode",
                 )
             self._elapsed = elapsed_steps
@@ -110,7 +111,10 @@ class TorchPendulum:
         torque_accel = torque.mul(3.0).to(self.state_dtype)
         theta, theta_dot = self._theta, self._theta_dot
 
-        wrapped = torch.remainder(theta + math.pi, 2.0 * math.pi).sub_(math.pi)
+        # x - 2pi floor(x / 2pi) is ~3x cheaper than torch.remainder on float64 and only
+        # differs from NumPy's % in the last bit (or by sign at +-pi, which squaring hides).
+        wrapped = theta + math.pi
+        wrapped.sub_(torch.floor(wrapped * (0.5 / math.pi)).mul_(2.0 * math.pi)).sub_(math.pi)
         cost = wrapped.square_().addcmul_(theta_dot, theta_dot, value=0.1).add_(torque_cost)
         reward = cost.neg_().to(torch.float32)
 
@@ -139,7 +143,9 @@ class TorchPendulum:
         self._elapsed = 0
 
     def _obs(self) -> torch.Tensor:
-        theta = self._theta
-        return torch.stack((torch.cos(theta), torch.sin(theta), self._theta_dot), dim=1).to(
-            torch.float32
-        )
+        # Copying into the columns of a fresh [N, 3] is ~3x faster than torch.stack(dim=1).
+        obs = torch.empty(self.num_envs, 3, dtype=torch.float32, device=self.device)
+        obs[:, 0].copy_(torch.cos(self._theta))
+        obs[:, 1].copy_(torch.sin(self._theta))
+        obs[:, 2].copy_(self._theta_dot)
+        return obs

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
 import torch
 
 from agents import ddpg, dqn, sac, td3
-from agents.base import AlgorithmSpec
+from agents.base import AlgorithmSpec, SearchDim
+from broker.errors import ConfigError
 from envs.base import VecEnv
 from envs.registry import make_env
-from broker.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -56,9 +56,7 @@ def test_resume_is_bit_identical(spec: AlgorithmSpec) -> None:
     continued = env()
     for _ in range(2):
         agent.train_iteration(continued)
-    twin, _ = _make(spec, seed=123)  # different init: everything must come from `saved`
-    twin = spec.build(first.single_observation_space, first.single_action_space,
-                      agent.config, torch.device("cpu"), 123)
+    twin, _ = _make(spec, seed=123, checkpoint_replay=True)  # everything must come from `saved`
     twin.load_state_dict(saved)
     restored_env = env()
     for _ in range(2):
@@ -165,6 +163,7 @@ def test_bad_config_names_the_field(spec: AlgorithmSpec) -> None:
 def test_search_space_names_real_fields_and_defaults_lie_inside(spec: AlgorithmSpec) -> None:
     config = spec.config_cls()
     fields = {f.name for f in dataclasses.fields(config)}
-    for name, dim in spec.config_cls.SEARCH_SPACE.items():
+    space: Mapping[str, SearchDim] = spec.config_cls.SEARCH_SPACE  # type: ignore[attr-defined]
+    for name, dim in space.items():
         assert name in fields, name
         assert dim.low <= getattr(config, name) <= dim.high, name

@@ -93,7 +93,7 @@ class _TruncatingEnv:
 def test_store_step_keeps_final_obs_and_masks_only_termination() -> None:
     buf = _buffer(4)
     obs = torch.ones(2, 3)
-    next_obs, reward, ended = store_step(_TruncatingEnv(), buf, obs,  # type: ignore[arg-type]
+    next_obs, _reward, ended = store_step(_TruncatingEnv(), buf, obs,  # type: ignore[arg-type]
                                          torch.zeros(2, 1))
     assert torch.equal(next_obs, torch.zeros(2, 3))  # the agent continues from the reset obs
     assert torch.equal(buf.next_obs[:2], torch.full((2, 3), 9.0))  # ...but learns from final

@@ -23,7 +23,8 @@ class ScriptedEnv:
     def __init__(self, num_envs: int, discrete: bool = False) -> None:
         self.num_envs = num_envs
         self.device = torch.device("cpu")
-        self.single_observation_space = gymnasium.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+        self.single_observation_space: gymnasium.spaces.Space[Any] = gymnasium.spaces.Box(
+            -np.inf, np.inf, (3,), np.float32)
         self.single_action_space: gymnasium.spaces.Space[Any] = (
             gymnasium.spaces.Discrete(2) if discrete
             else gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32))

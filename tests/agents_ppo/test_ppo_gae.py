@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from ppo_stub_envs import ScriptedEnv
 
 from agents.ppo import PPOAgent, PPOConfig
-from agents.rollout import gae
+from agents.rollout import finished_returns, gae
 
 
 def test_gae_matches_hand_computation() -> None:
@@ -41,14 +42,35 @@ def test_ppo_bootstraps_truncation_but_not_termination() -> None:
     def v(obs: list[float]) -> float:
         return float(agent.value(torch.tensor([obs], dtype=torch.float32)))
 
-    # copy 3 truncates at t=0 (episode length 1), copy 1 at t=1: reward + gamma V(final_obs)
+    # copy 3 truncates at t=0 (episode length 1), copy 1 at t=1: bootstrap gamma V(final_obs)
+    learn = rollout.learning_rewards(config.reward_scale)
     assert rollout.dones[0, 3] and rollout.dones[1, 1]
-    torch.testing.assert_close(rollout.rewards[0, 3], torch.tensor(3.0 + 0.9 * v([3, 0, 1])))
-    torch.testing.assert_close(rollout.rewards[1, 1], torch.tensor(1.0 + 0.9 * v([1, 0, 2])))
+    torch.testing.assert_close(learn[0, 3], torch.tensor(3.0 + 0.9 * v([3, 0, 1])))
+    torch.testing.assert_close(learn[1, 1], torch.tensor(1.0 + 0.9 * v([1, 0, 2])))
     # copy 0 terminates at t=0 and copy 2 at t=2: the plain reward, no bootstrap
     assert rollout.dones[0, 0] and rollout.dones[2, 2]
-    assert float(rollout.rewards[0, 0]) == 0.0
-    assert float(rollout.rewards[2, 2]) == 2.0
+    assert float(learn[0, 0]) == 0.0
+    assert float(learn[2, 2]) == 2.0
     # a step that ends nothing keeps its reward
-    assert not rollout.dones[0, 1] and float(rollout.rewards[0, 1]) == 1.0
+    assert not rollout.dones[0, 1] and float(learn[0, 1]) == 1.0
     assert agent.env_steps == 12
+    # values and log-probs, filled after the loop, match the policy step by step
+    with torch.no_grad():
+        torch.testing.assert_close(rollout.values[1], agent.value(rollout.obs[1]))
+
+
+def test_finished_returns_matches_a_step_by_step_count() -> None:
+    gen = torch.Generator().manual_seed(0)
+    rewards = torch.randn(7, 5, generator=gen)
+    dones = torch.rand(7, 5, generator=gen) < 0.3
+    carry = torch.randn(5, generator=gen)
+    running, total, count = carry.clone().double(), 0.0, 0
+    for t in range(7):
+        running += rewards[t]
+        total += float((running * dones[t]).sum())
+        count += int(dones[t].sum())
+        running *= ~dones[t]
+    got_total, got_count, got_carry = finished_returns(rewards, dones, carry)
+    assert count > 0 and int(got_count) == count
+    assert float(got_total) == pytest.approx(total)
+    torch.testing.assert_close(got_carry, running.float())

@@ -129,7 +129,8 @@ leaves = (st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1)
           | st.floats(allow_nan=True) | st.text(max_size=20) | st.binary(max_size=20) | tensors)
 trees = st.recursive(
     leaves,
-    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+    lambda kids: (st.lists(kids, max_size=4)
+                  | st.dictionaries(st.text(max_size=8), kids, max_size=4)),
     max_leaves=20,
 )
 

@@ -114,7 +114,7 @@ def test_too_big_without_a_blob_store_is_a_publish_error() -> None:
 @pytest.mark.parametrize("content_type", [None, "", "application/json", "application/msgpack"])
 def test_wrong_content_type(content_type: str | None) -> None:
     body, _ = encode_message(Stop(experiment=EXP, reason="x"), blobs=None)
-    with pytest.raises(DecodeError, match="^content_type: "):
+    with pytest.raises(DecodeError, match=r"^content_type: "):
         decode_message(body, content_type, blobs=None)
 
 
@@ -199,7 +199,8 @@ def test_property_garbage_bodies_raise_only_message_errors(body: bytes, content_
 @settings(max_examples=100, deadline=None)
 @given(st.dictionaries(st.sampled_from(["kind", "schema", "id", "experiment", "created",
                                         "reason", "node", "pods", "state"]),
-                       st.none() | st.integers() | st.text(max_size=5) | st.floats()
+                       st.none() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=5)
+                       | st.floats()
                        | st.sampled_from(["stop", "scale", "checkpoint"])))
 def test_property_wrong_shaped_maps_raise_only_message_errors(data: dict[str, Any]) -> None:
     wire = {"schema": 1, **data}

@@ -63,6 +63,15 @@ def dead_letter_one(ch: BlockingChannel, topo: Topology, body: bytes, msg_id: st
     ch.basic_reject(method.delivery_tag, requeue=False)
 
 
+def wait_for_depth(ch: BlockingChannel, queue: str, depth: int) -> None:
+    """Dead-lettering out of a quorum queue is asynchronous: wait until it has landed."""
+    for _ in range(100):
+        if ch.queue_declare(queue, passive=True).method.message_count >= depth:
+            return
+        ch.connection.sleep(0.05)
+    raise AssertionError(f"{queue} never reached {depth} messages")
+
+
 @pytest.mark.rabbitmq
 def test_stats_counts_messages_and_consumers(
     amqp_url: str, topology: Topology, channel: BlockingChannel
@@ -85,7 +94,7 @@ def test_missing_queue_is_a_clear_error_and_the_client_recovers(
     amqp_url: str, topology: Topology
 ) -> None:
     with SyncClient(amqp_url, "no-such-experiment-" + uuid.uuid4().hex[:6]) as client:
-        with pytest.raises(ConfigError, match="does not exist.*experiment name"):
+        with pytest.raises(ConfigError, match=r"does not exist.*experiment name"):
             client.stats()
         with pytest.raises(ConfigError, match="queue"):
             client.queue_stats("events")
@@ -103,6 +112,7 @@ def test_peek_dead_shows_reason_and_leaves_messages_in_place(
     body, _ = encode_message(hb, blobs=None)
     dead_letter_one(channel, topology, body, hb.id)
     dead_letter_one(channel, topology, b"\xc1 garbage", "bad-1")
+    wait_for_depth(channel, topology.dead("generator"), 2)
     with SyncClient(amqp_url, topology.experiment) as client:
         first = client.peek_dead("generator", n=10)
         again = client.peek_dead("generator.dead", n=1)
@@ -150,12 +160,14 @@ def test_publish_control_with_no_subscriber_reports_unrouted(
 
 def test_unreachable_broker_is_connection_closed() -> None:
     with SyncClient("amqp://guest:guest@127.0.0.1:1/", "exp", timeout=2) as client, \
-            pytest.raises(ConnectionClosed, match="127.0.0.1:1"):
+            pytest.raises(ConnectionClosed, match=r"127\.0\.0\.1:1"):
         client.stats()
 
 
-@pytest.mark.parametrize(("url", "experiment", "field"),
-                         [("amqp://h/", "bad name", "experiment"), ("amqp://h:notaport/", "e", "url")])
+@pytest.mark.parametrize(
+    ("url", "experiment", "field"),
+    [("amqp://h/", "bad name", "experiment"), ("amqp://h:notaport/", "e", "url")],
+)
 def test_bad_arguments_are_config_errors(url: str, experiment: str, field: str) -> None:
-    with pytest.raises(ConfigError, match=f"^{field}: "):
+    with pytest.raises(ConfigError, match=rf"^{field}: "):
         SyncClient(url, experiment)

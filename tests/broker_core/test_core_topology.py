@@ -33,7 +33,7 @@ def test_queue_args_dead_letter_to_the_dlx() -> None:
 
 @pytest.mark.parametrize("name", ["", "a" * 65, "has space", "dot.ted", "slash/", "é", "a*"])
 def test_bad_experiment_names(name: str) -> None:
-    with pytest.raises(ConfigError, match="^experiment: "):
+    with pytest.raises(ConfigError, match=r"^experiment: "):
         Topology(name)
 
 

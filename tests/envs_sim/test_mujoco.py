@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+from typing import Any
 
 import gymnasium
 import numpy as np
 import pytest
 import torch
+from gymnasium.vector import AutoresetMode
 
 from envs.gym_adapter import make
 
@@ -89,7 +92,7 @@ def test_seeding_is_reproducible() -> None:
 
 
 @pytest.mark.parametrize(("task", "vectorization"), [
-    ("Ant-v5", "threads"), ("Ant-v5", "sync"), ("Hopper-v5", "threads"),
+    ("Ant-v5", "batched"), ("Ant-v5", "threads"), ("Ant-v5", "sync"), ("Hopper-v5", "threads"),
     ("Humanoid-v5", "threads"), ("Hopper-v5", "async"),
 ])
 def test_same_rollout_as_plain_gymnasium(task: str, vectorization: str) -> None:
@@ -114,3 +117,37 @@ def test_same_rollout_as_plain_gymnasium(task: str, vectorization: str) -> None:
             assert np.array_equal(obs[i].numpy(), ref_obs)
     assert ends >= num_envs  # the window crosses episode boundaries
     env.close()
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"healthy_z_range": (0.2, 0.7)}])
+def test_batched_ant_is_bitwise_sync_vector_env(kwargs: dict[str, Any]) -> None:
+    """Numpy level: float64 rewards, flags, final_obs and Ant's reward-term infos."""
+    from envs.mujoco_batched import AntBatchedVectorEnv
+
+    fns = [functools.partial(gymnasium.make, "Ant-v5", max_episode_steps=25, **kwargs)] * 4
+    batched = AntBatchedVectorEnv(fns, num_threads=2)
+    sync = gymnasium.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+    assert np.array_equal(batched.reset(seed=3)[0], sync.reset(seed=3)[0])
+    ends = 0
+    for action in _actions(9, 60, 4, 8):
+        ours, theirs = batched.step(action), sync.step(action)
+        for mine, ref in zip(ours[:4], theirs[:4], strict=True):
+            assert mine.dtype == ref.dtype and np.array_equal(mine, ref)
+        info, ref_info = ours[4], theirs[4]
+        for key in ("reward_forward", "reward_ctrl", "reward_contact", "reward_survive",
+                    "x_velocity"):
+            if key not in ref_info:  # every copy reset on this step: only reset infos
+                assert not info[f"_{key}"].any()
+                continue
+            assert np.array_equal(info[f"_{key}"], ref_info[f"_{key}"])
+            assert info[key].dtype == ref_info[key].dtype
+            assert np.array_equal(info[key], ref_info[key]), key
+        np.testing.assert_allclose(info["distance_from_origin"], ref_info["distance_from_origin"])
+        if "final_obs" in ref_info:
+            ends += int(ref_info["_final_obs"].sum())
+            assert np.array_equal(info["_final_obs"], ref_info["_final_obs"])
+            for i in np.flatnonzero(ref_info["_final_obs"]):
+                assert np.array_equal(info["final_obs"][i], ref_info["final_obs"][i])
+    assert ends >= 4
+    batched.close()
+    sync.close()

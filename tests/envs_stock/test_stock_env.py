@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -14,9 +16,9 @@ from envs.stock import StockEnvConfig, StockTradingEnv, build_features, load_wid
 TICKERS = ("AAPL", "IBM", "MSFT")
 
 
-def _quandl_env(num_envs: int = 1, **kwargs: object) -> StockTradingEnv:
+def _quandl_env(num_envs: int = 1, **kwargs: Any) -> StockTradingEnv:
     return make(str(quandl_path()), num_envs, "cpu", tickers=list(TICKERS),
-                start_date="2012-01-01", end_date="2012-04-01", **kwargs)  # type: ignore[arg-type]
+                start_date="2012-01-01", end_date="2012-04-01", **kwargs)
 
 
 def _prices(env: StockTradingEnv) -> np.ndarray:

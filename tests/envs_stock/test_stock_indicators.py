@@ -61,7 +61,8 @@ def test_ema_and_macd_match_loop(quandl: MarketData) -> None:
         fast, slow = _loop_ema(closes, 2 / 13), _loop_ema(closes, 2 / 27)
         expected = [f - w for f, w in zip(fast, slow, strict=True)]
         assert macd(quandl.close)[:, s] == pytest.approx(expected, rel=1e-9, abs=1e-9)
-    assert ema(quandl.close, 0.5)[:, 0] == pytest.approx(_loop_ema(quandl.close[:, 0].tolist(), 0.5))
+    expected = _loop_ema(quandl.close[:, 0].tolist(), 0.5)
+    assert ema(quandl.close, 0.5)[:, 0] == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("n", [14, 30])

@@ -41,7 +41,8 @@ def test_risk_free_rate_lowers_sharpe_by_its_daily_rate() -> None:
     base, with_rf = backtest_metrics(values), backtest_metrics(values, risk_free_rate=0.05)
     daily_rf = 1.05 ** (1 / 252) - 1
     std = base.annual_volatility / math.sqrt(252)
-    assert with_rf.sharpe_ratio == pytest.approx(base.sharpe_ratio - daily_rf / std * math.sqrt(252))
+    expected = base.sharpe_ratio - daily_rf / std * math.sqrt(252)
+    assert with_rf.sharpe_ratio == pytest.approx(expected)
     assert with_rf.annual_return == base.annual_return
 
 

@@ -40,10 +40,10 @@ def test_satisfies_vecenv_protocol_with_batched_dtypes(gym_id: str) -> None:
     assert isinstance(env, VecEnv)
     assert env.autoreset_mode is AutoresetMode.SAME_STEP
     obs, info = env.reset(seed=0)
-    assert obs.shape == (N, *env.single_observation_space.shape)
+    assert obs.shape[0] == N and obs.shape[1:] == env.single_observation_space.shape
     assert obs.dtype == torch.float32 and info == {}
     obs, reward, terminated, truncated, info = env.step(_actions(env, torch.Generator()))
-    assert obs.shape == (N, *env.single_observation_space.shape)
+    assert obs.shape[0] == N and obs.shape[1:] == env.single_observation_space.shape
     assert reward.shape == (N,) and reward.dtype == torch.float32
     assert terminated.dtype == torch.bool and truncated.dtype == torch.bool
     assert info["final_obs"].shape == obs.shape
@@ -74,8 +74,11 @@ def test_truncates_at_time_limit_with_correct_final_obs(gym_id: str) -> None:
     twin.set_state(start, elapsed_steps=0)
     # A "do nothing" action keeps every env away from termination for one step.
     space = env.single_action_space
-    action = (torch.full((N,), 1 if gym_id == "Acrobot-v1" else 0) if isinstance(space, gymnasium.spaces.Discrete)
-              else torch.zeros(N, 1))
+    action = (
+        torch.full((N,), 1 if gym_id == "Acrobot-v1" else 0)
+        if isinstance(space, gymnasium.spaces.Discrete)
+        else torch.zeros(N, 1)
+    )
     obs, _, terminated, truncated, info = env.step(action)
     twin_obs, _, twin_terminated, twin_truncated, _ = twin.step(action)
     assert truncated.all()
@@ -87,8 +90,13 @@ def test_truncates_at_time_limit_with_correct_final_obs(gym_id: str) -> None:
     assert int(torch.as_tensor(env.elapsed_steps).max()) == 0
 
 
-def test_cartpole_autoreset_only_touches_finished_copies() -> None:
+# On CPU the envs draw start states only for copies that ended; other devices draw for
+# every copy and select with torch.where. Flipping the private switch runs that second
+# path here, on a machine without a GPU.
+@pytest.mark.parametrize("draw_only_ended", [True, False])
+def test_cartpole_autoreset_only_touches_finished_copies(draw_only_ended: bool) -> None:
     env = TorchCartPole(4, seed=0)
+    env._draw_only_ended = draw_only_ended
     env.reset(seed=0)
     state = torch.zeros(4, 4, dtype=torch.float64)
     state[0, 2] = 0.2094  # pole just inside the 12-degree limit, falling further right
@@ -102,6 +110,21 @@ def test_cartpole_autoreset_only_touches_finished_copies() -> None:
     assert obs[0].abs().max() <= 0.05  # a fresh start state from U[-0.05, 0.05]
     assert torch.equal(obs[1:], info["final_obs"][1:])  # the others just stepped on
     assert torch.as_tensor(env.elapsed_steps).tolist() == [0, 8, 8, 8]
+    assert torch.equal(obs, env.get_state().float())  # the env carries on from what it showed
+
+
+@pytest.mark.parametrize("gym_id", ["CartPole-v1", "Acrobot-v1", "MountainCarContinuous-v0"])
+def test_device_path_autoreset_is_reproducible(gym_id: str) -> None:
+    runs = []
+    for _ in range(2):
+        env = TORCH_ENVS[gym_id](N, seed=0)
+        env._draw_only_ended = False
+        env.reset(seed=9)
+        env.set_state(env.get_state(), elapsed_steps=env.max_episode_steps - 5)
+        generator = torch.Generator().manual_seed(0)
+        runs.append([torch.cat(env.step(_actions(env, generator))[:2], dim=None) for _ in range(10)])
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+    assert torch.as_tensor(env.elapsed_steps).max() <= 5  # every copy has been reset
 
 
 def test_pendulum_float32_physics_is_offered_and_close() -> None:

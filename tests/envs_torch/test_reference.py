@@ -24,17 +24,22 @@ START_STATES: dict[str, StateSampler] = {
     "Pendulum-v1": lambda rng, n: np.stack(
         [rng.uniform(-np.pi, np.pi, n), rng.uniform(-8.0, 8.0, n)], axis=1
     ),
-    "CartPole-v1": lambda rng, n: rng.uniform([-2.0, -1.0, -0.15, -1.0], [2.0, 1.0, 0.15, 1.0], (n, 4)),
+    "CartPole-v1": lambda rng, n: rng.uniform(
+        [-2.0, -1.0, -0.15, -1.0], [2.0, 1.0, 0.15, 1.0], (n, 4)
+    ),
     "MountainCarContinuous-v0": lambda rng, n: np.stack(
         [rng.uniform(-1.2, 0.4, n), rng.uniform(-0.07, 0.07, n)], axis=1
     ).astype(np.float32),
-    "Acrobot-v1": lambda rng, n: rng.uniform([-np.pi, -np.pi, -4.0, -8.0], [np.pi, np.pi, 4.0, 8.0], (n, 4)),
+    "Acrobot-v1": lambda rng, n: rng.uniform(
+        [-np.pi, -np.pi, -4.0, -8.0], [np.pi, np.pi, 4.0, 8.0], (n, 4)
+    ),
 }
 
 
 def _random_actions(space: gymnasium.spaces.Space[Any], rng: np.random.Generator) -> np.ndarray:
     if isinstance(space, gymnasium.spaces.Discrete):
         return rng.integers(0, int(space.n), NUM_COPIES)
+    assert isinstance(space, gymnasium.spaces.Box)
     high = float(space.high[0])
     # 30 % beyond the bounds: both implementations must clip the same way.
     return rng.uniform(-1.3 * high, 1.3 * high, (NUM_COPIES, 1)).astype(np.float32)
@@ -53,7 +58,7 @@ def test_trajectories_match_gymnasium(gym_id: str) -> None:
     torch.set_num_threads(1)
     rng = np.random.default_rng(7)
     env = TORCH_ENVS[gym_id](NUM_COPIES, seed=0)
-    refs = [gymnasium.make(gym_id).unwrapped for _ in range(NUM_COPIES)]
+    refs: list[Any] = [gymnasium.make(gym_id).unwrapped for _ in range(NUM_COPIES)]
     start = START_STATES[gym_id](rng, NUM_COPIES)
     obs = env.set_state(torch.from_numpy(start), elapsed_steps=0)
     for i, ref in enumerate(refs):
@@ -67,11 +72,13 @@ def test_trajectories_match_gymnasium(gym_id: str) -> None:
         actions = _random_actions(env.single_action_space, rng)
         _, reward, terminated, truncated, info = env.step(torch.from_numpy(actions))
         final_obs = info["final_obs"].numpy()
-        for i in np.flatnonzero(alive):
+        for i in map(int, np.flatnonzero(alive)):
             action = actions[i] if actions.ndim == 2 else int(actions[i])
             ref_obs, ref_reward, ref_terminated, _, _ = refs[i].step(action)
             np.testing.assert_allclose(final_obs[i], ref_obs, atol=TOLERANCE, rtol=0)
-            assert abs(float(reward[i]) - float(ref_reward)) <= TOLERANCE * max(1.0, abs(ref_reward))
+            assert abs(float(reward[i]) - float(ref_reward)) <= TOLERANCE * max(
+                1.0, abs(float(ref_reward))
+            )
             assert bool(terminated[i]) == ref_terminated
             compared += 1
             if ref_terminated or truncated[i]:

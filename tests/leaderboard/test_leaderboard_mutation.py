@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections import Counter
+from collections.abc import Mapping
 from typing import ClassVar
 
 import pytest
 
-from agents.base import SearchDim
+from agents.base import Scalar, SearchDim
 from broker.errors import ConfigError
 from leaderboard.mutation import MutationConfig, fresh_hparams, mutate_hparams, perturb
 
@@ -30,7 +31,7 @@ class ToyConfig:
     tag: str = "toy"
 
 
-def inside(hp: dict[str, object]) -> bool:
+def inside(hp: Mapping[str, Scalar]) -> bool:
     return all(dim.low <= hp[name] <= dim.high  # type: ignore[operator]
                for name, dim in ToyConfig.SEARCH_SPACE.items())
 
@@ -52,7 +53,8 @@ def test_fresh_respects_overrides() -> None:
 
 
 def test_perturb_only_multiplies_by_the_two_factors() -> None:
-    start = {"lr": 1e-3, "batch": 100, "gamma": 0.95, "num_envs": 32, "tag": "mine"}
+    start: dict[str, Scalar] = {"lr": 1e-3, "batch": 100, "gamma": 0.95, "num_envs": 32,
+                                "tag": "mine"}
     config = MutationConfig(resample_p=0.0)
     factors: Counter[float] = Counter()
     for seed in range(400):

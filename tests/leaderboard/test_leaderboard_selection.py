@@ -12,6 +12,7 @@ from broker.errors import ConfigError
 from leaderboard.selection import (
     STRATEGIES,
     Fresh,
+    SelectionStrategy,
     Softmax,
     TopKUniform,
     Tournament,
@@ -39,6 +40,7 @@ def counts(strategy: object, entries: list[Entry], n: int = 3000, seed: int = 0)
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
 def test_empty_leaderboard_gives_fresh(name: str) -> None:
+    assert isinstance(build_selection(name), SelectionStrategy)
     assert build_selection(name).select([], random.Random(0)) is None
 
 

@@ -1,0 +1,194 @@
+"""The updater service (``podracer serve updater``): checkpoints in, leaderboard out.
+
+For every ``Checkpoint`` on the ``updater`` queue it
+
+1. validates it beyond its schema: the env is this experiment's, the algorithm is
+   known, every tensor of ``state`` has the name, shape and dtype that the algorithm
+   builds for these hyperparameters, and every floating tensor is finite;
+2. optionally re-evaluates it with its own evaluator (``--reevaluate``), otherwise it
+   trusts the pod's score;
+3. stores it (``LeaderboardStore.insert``: blob, then the SQLite row; idempotent by id);
+4. acks only after that commit;
+5. publishes ``leaderboard.changed`` with the top-K, the number of checkpoints and the
+   env steps they cost (the orchestrator's stop condition reads them).
+
+A checkpoint that fails 1 is rejected to ``updater.dead`` with a one-line reason. On
+``control.stop`` or SIGTERM the updater drains: it keeps storing what is in the queue
+until it has been idle for ``DRAIN_IDLE_S`` seconds, then exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from agents.base import AlgorithmRegistry
+from agents.evaluator import evaluate
+from agents.registry import default_registry
+from agents.round import build_agent, resolve_config
+from broker.blobstore import FileBlobStore
+from broker.errors import BrokerError, ConfigError, PodracerError
+from broker.schemas import Checkpoint, LeaderboardChanged
+from broker.service import ServiceContext
+from broker.transport import Delivery, Transport, connect
+from envs.registry import make_env
+from leaderboard.store import LeaderboardStore
+from podracer.control import drain_until_idle, watch_stop
+from podracer.settings import Settings
+
+log = logging.getLogger(__name__)
+
+DRAIN_IDLE_S = 3.0
+"""After a stop, the updater exits once its queue has been empty this long."""
+PREFETCH = 8
+"""Checkpoints in flight: validation and storage are quick, so keep a few buffered."""
+
+TensorSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+class CheckpointValidator:
+    """Checks a checkpoint's tensors against what its algorithm builds (cached)."""
+
+    def __init__(self, registry: AlgorithmRegistry, env: str) -> None:
+        self.registry = registry
+        self.env = env
+        self._specs: dict[tuple[str, str], TensorSpec] = {}
+
+    def _expected(self, algorithm: str, hparams: Mapping[str, Any]) -> TensorSpec:
+        config_cls = self.registry.get(algorithm).config_cls
+        space = getattr(config_cls, "SEARCH_SPACE", {})
+        # search-space fields (learning rates, coefficients) never change tensor shapes,
+        # so the cache key leaves them out and mutated children hit the cache
+        key = (algorithm, repr(sorted((k, v) for k, v in hparams.items() if k not in space)))
+        if key not in self._specs:
+            config = resolve_config(self.registry, algorithm, hparams)
+            env = make_env(self.env, config.num_envs, "cpu")
+            try:
+                agent = build_agent(self.registry, algorithm, hparams, env,
+                                    torch.device("cpu"), 0)
+            finally:
+                env.close()
+            self._specs[key] = {k: (tuple(v.shape), v.dtype)
+                                for k, v in agent.state_dict().items()}
+        return self._specs[key]
+
+    def check(self, checkpoint: Checkpoint) -> None:
+        """``ConfigError`` naming the first problem; returns quietly when it is sound."""
+        if checkpoint.env != self.env:
+            raise ConfigError("env", f"checkpoint is for {checkpoint.env!r}, this experiment "
+                              f"trains {self.env!r}")
+        expected = self._expected(checkpoint.algorithm, checkpoint.hparams)
+        state = checkpoint.state
+        missing = sorted(set(expected) - set(state))
+        extra = sorted(set(state) - set(expected))
+        if missing or extra:
+            raise ConfigError("state", f"tensor names differ from {checkpoint.algorithm}'s: "
+                              f"missing {missing[:3]}, unexpected {extra[:3]}")
+        for name, (shape, dtype) in expected.items():
+            tensor = state[name]
+            if tuple(tensor.shape) != shape or tensor.dtype != dtype:
+                raise ConfigError(f"state.{name}", f"expected {dtype} {list(shape)}, got "
+                                  f"{tensor.dtype} {list(tensor.shape)}")
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise ConfigError(f"state.{name}", "contains NaN or infinite values")
+
+
+class Updater:
+    """Validates, stores and announces checkpoints for a running updater service."""
+
+    def __init__(self, ctx: ServiceContext[Settings], transport: Transport,
+                 store: LeaderboardStore, registry: AlgorithmRegistry,
+                 reevaluate: bool = False) -> None:
+        self.ctx = ctx
+        self.transport = transport
+        self.store = store
+        self.registry = registry
+        self.reevaluate = reevaluate
+        self.experiment = ctx.settings.experiment
+        self.validator = CheckpointValidator(registry, self.experiment.env)
+        self.stored = 0
+
+    def _reevaluated(self, checkpoint: Checkpoint) -> Checkpoint:
+        config = resolve_config(self.registry, checkpoint.algorithm, checkpoint.hparams)
+        env = make_env(checkpoint.env, config.num_envs, "cpu")
+        eval_env = make_env(checkpoint.env, self.experiment.eval_episodes, "cpu")
+        try:
+            agent = build_agent(self.registry, checkpoint.algorithm, checkpoint.hparams, env,
+                                torch.device("cpu"), 0, checkpoint.state)
+            result = evaluate(lambda obs: agent.act(obs, True), eval_env,
+                              self.experiment.eval_episodes)
+        finally:
+            env.close()
+            eval_env.close()
+        return dataclasses.replace(checkpoint, score_mean=result.mean, score_std=result.std)
+
+    def _accept(self, checkpoint: Checkpoint) -> tuple[bool, LeaderboardChanged | None]:
+        self.validator.check(checkpoint)
+        if self.reevaluate:
+            checkpoint = self._reevaluated(checkpoint)
+        inserted = self.store.insert(checkpoint)
+        if not inserted.new:
+            return False, None
+        top = self.store.top(self.experiment.top_k)
+        return True, LeaderboardChanged(
+            experiment=self.experiment.name, best_id=top[0].id, best_score=top[0].score_mean,
+            top=[(e.id, e.score_mean) for e in top], checkpoints=self.store.count(),
+            total_env_steps=self.store.total_env_steps())
+
+    async def handle(self, delivery: Delivery[Checkpoint]) -> None:
+        """Validate, store, ack, announce (see the module doc)."""
+        checkpoint = delivery.message
+        try:
+            new, changed = await asyncio.to_thread(self._accept, checkpoint)
+        except ConfigError as exc:
+            await delivery.reject(f"invalid checkpoint {checkpoint.id}: {exc}")
+            return
+        await delivery.ack()
+        if not new:
+            log.info("checkpoint %s was already stored (redelivery)", checkpoint.id[:8])
+            return
+        self.stored += 1
+        log.info("stored %s from %s: %s score %.2f (best %.2f, %d in store)",
+                 checkpoint.id[:8], checkpoint.pod, checkpoint.algorithm,
+                 checkpoint.score_mean, changed.best_score if changed else float("nan"),
+                 changed.checkpoints if changed else -1)
+        if changed is not None:
+            try:
+                await self.transport.publish_event("leaderboard.changed", changed)
+            except BrokerError as exc:
+                log.warning("leaderboard.changed not sent: %s", exc)
+
+
+async def main(ctx: ServiceContext[Settings], reevaluate: bool = False) -> int:
+    """Run the updater until ``control.stop`` or SIGTERM, then drain and exit 0."""
+    settings = ctx.settings
+    registry = default_registry()
+    blobs = FileBlobStore(settings.store)
+    with LeaderboardStore(settings.store) as store:
+        async with connect(settings.broker, experiment=settings.experiment.name, blobs=blobs,
+                           memory=settings.memory) as transport:
+            updater = Updater(ctx, transport, store, registry, reevaluate)
+            ctx.heartbeat(transport, role="updater")
+            stop_task = asyncio.create_task(watch_stop(ctx, transport))
+            try:
+                async with transport.consume("updater", prefetch=PREFETCH,
+                                             expect=Checkpoint) as inbox:
+                    async for delivery in drain_until_idle(ctx, aiter(inbox), DRAIN_IDLE_S):
+                        try:
+                            await updater.handle(delivery)
+                        except PodracerError as exc:
+                            # the store failed: leave the checkpoint for a retry
+                            log.error("checkpoint %s not stored: %s", delivery.message.id[:8],
+                                      exc)
+                            await delivery.nack(requeue=True)
+            finally:
+                stop_task.cancel()
+                await asyncio.gather(stop_task, return_exceptions=True)
+            log.info("updater stopped: %d new checkpoints stored, %d in store",
+                     updater.stored, store.count())
+    return 0

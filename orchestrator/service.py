@@ -1,0 +1,206 @@
+"""The orchestrator service (``podracer serve orchestrator``): scale pods, stop at target.
+
+Every ``poll_s`` seconds it reads this node's load (``NodeProbe``: psutil, NVML), the
+``generator`` queue's depth and consumers, and its scaler's pod count; the
+``ScalingDecider`` (policy plus hysteresis) turns them into a target, which the scaler
+applies (local processes, Docker Swarm replicas, in-process pods, or nothing when pods
+are managed outside, e.g. ``docker compose up --scale pod=N``). It restarts crashed
+local pods and announces every change on ``control.scale``.
+
+It listens to ``leaderboard.changed`` for the best score and the env steps spent; when
+the experiment's target score or total budget is reached it publishes ``control.stop``
+(every service then drains and exits 0), stops its pods gracefully and exits 0.
+SIGTERM stops its own pods gracefully without stopping the experiment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from broker.errors import BrokerError, ConfigError
+from broker.schemas import LeaderboardChanged, Scale, Stop
+from broker.service import ServiceContext
+from broker.transport import Transport, connect
+from orchestrator.policy import QueueStats, ScalingDecider, ScalingPolicy, StopCondition
+from orchestrator.probes import NodeProbe, Probe
+from orchestrator.scalers import LocalProcessScaler, Scaler, SwarmScaler
+from podracer.control import sleep_or_stop, watch_stop
+from podracer.settings import Settings, write_experiment
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Progress:
+    """What the orchestrator knows of the experiment (from ``leaderboard.changed``)."""
+
+    best_score: float | None = None
+    checkpoints: int = 0
+    env_steps: int = 0
+
+
+def default_policy(settings: Settings, min_pods: int | None = None) -> ScalingPolicy:
+    """The population size as the ceiling; enough CPU share per pod to fit it."""
+    pods = settings.experiment.pods
+    cores = os.cpu_count() or 1
+    return ScalingPolicy(min_pods=min(pods, min_pods if min_pods is not None else 1),
+                         max_pods=pods, cpu_per_pod=min(1.0, cores / pods), up_polls=2,
+                         down_polls=3, cpu_high=95.0, cpu_low=60.0)
+
+
+class NullScaler:
+    """Pods are run by someone else (``docker compose --scale``): only log the advice."""
+
+    def __init__(self) -> None:
+        self.advice = 0
+
+    def current(self) -> int:
+        """The last advised count (nothing is started here)."""
+        return self.advice
+
+    def scale_to(self, n: int) -> None:
+        """Record and log the advised count."""
+        if n != self.advice:
+            log.info("advice: run %d pods on this node (scaler 'none' starts nothing)", n)
+        self.advice = n
+
+    def reap(self) -> int:
+        """Nothing to restart."""
+        return 0
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+def build_scaler(kind: str | None, settings: Settings, log_dir: str | None = None) -> Scaler:
+    """``local`` (child processes, default), ``swarm`` (Docker service) or ``none``."""
+    kind = kind or os.environ.get("PODRACER_SCALER") or "local"
+    if kind == "none":
+        return NullScaler()
+    if kind == "swarm":
+        service = os.environ.get("PODRACER_SWARM_SERVICE") or "podracer_pod"
+        return SwarmScaler(service)
+    if kind != "local":
+        raise ConfigError("--scaler", f"unknown scaler {kind!r}", "use local, swarm or none")
+    experiment_file = write_experiment(
+        settings.experiment, settings.store / f"experiment.{settings.experiment.name}.json")
+    env = {"PODRACER_BROKER": settings.broker, "PODRACER_STORE": str(settings.store),
+           "PODRACER_EXPERIMENT_FILE": str(experiment_file)}
+    if settings.device:
+        env["PODRACER_DEVICE"] = settings.device
+    if settings.torch_threads:
+        env["PODRACER_TORCH_THREADS"] = str(settings.torch_threads)
+    return LocalProcessScaler([sys.executable, "-m", "podracer", "serve", "pod"], env,
+                              name_prefix=f"pod-{socket.gethostname()}",
+                              log_dir=Path(log_dir) if log_dir else None)
+
+
+async def follow_leaderboard(transport: Transport, progress: Progress) -> None:
+    """Keep ``progress`` up to date from ``leaderboard.changed`` events."""
+    async with transport.subscribe(["leaderboard.changed"]) as events:
+        async for event in events:
+            if isinstance(event, LeaderboardChanged):
+                progress.best_score = event.best_score
+                progress.checkpoints = event.checkpoints
+                progress.env_steps = event.total_env_steps
+
+
+class Orchestrator:
+    """One node's control loop (see the module doc)."""
+
+    def __init__(self, ctx: ServiceContext[Settings], transport: Transport, scaler: Scaler,
+                 probe: Probe, policy: ScalingPolicy, poll_s: float) -> None:
+        self.ctx = ctx
+        self.transport = transport
+        self.scaler = scaler
+        self.probe = probe
+        self.decider = ScalingDecider(policy)
+        self.policy = policy
+        self.poll_s = poll_s
+        self.stop_condition = StopCondition.from_experiment(ctx.settings.experiment)
+        self.progress = Progress()
+        self.started = time.monotonic()
+        self.stop_reason: str | None = None
+
+    async def step(self, first: bool) -> None:
+        """One poll: read, decide, scale, reap."""
+        load = await asyncio.to_thread(self.probe.read)
+        try:
+            depth, consumers = await self.transport.queue_depth("generator")
+            queue: QueueStats | None = QueueStats(depth, consumers)
+        except BrokerError as exc:
+            log.warning("orchestrator: queue depth unavailable: %s", exc)
+            queue = None
+        current = self.scaler.current()
+        if first:
+            # nothing is running yet: go straight to what the node can hold
+            target, reason = self.policy.desired(load, current, None).pods, "start"
+            changed = target != current
+        else:
+            decision = self.decider.decide(load, current, queue)
+            target, reason, changed = decision.target, decision.reason, decision.changed
+        if changed:
+            log.info("%s: %d -> %d pods (%s)", load.node, current, target, reason)
+            await asyncio.to_thread(self.scaler.scale_to, target)
+            await self._announce(Scale(experiment=self.ctx.settings.experiment.name,
+                                       node=load.node, pods=target), "control.scale")
+        restarted = await asyncio.to_thread(self.scaler.reap)
+        if restarted:
+            log.warning("%s: restarted %d crashed pod(s)", load.node, restarted)
+
+    async def _announce(self, msg: Scale | Stop, key: str) -> None:
+        try:
+            await self.transport.publish_event(key, msg)
+        except BrokerError as exc:
+            log.warning("%s not sent: %s", key, exc)
+
+    async def run(self) -> None:
+        """Poll until the stop condition holds or the service is stopped."""
+        first = True
+        while not self.ctx.stopping.is_set():
+            elapsed = time.monotonic() - self.started
+            reason = self.stop_condition.check(self.progress.best_score, elapsed,
+                                               self.progress.env_steps)
+            if reason is not None:
+                self.stop_reason = reason
+                log.info("stopping the experiment: %s", reason)
+                await self._announce(Stop(experiment=self.ctx.settings.experiment.name,
+                                          reason=reason), "control.stop")
+                return
+            await self.step(first)
+            first = False
+            await sleep_or_stop(self.ctx, self.poll_s)
+
+
+async def main(ctx: ServiceContext[Settings], scaler: Scaler, probe: Probe | None = None,
+               policy: ScalingPolicy | None = None, poll_s: float = 1.0) -> int:
+    """Run the orchestrator with ``scaler``; stops its pods gracefully and exits 0."""
+    settings = ctx.settings
+    probe = probe or NodeProbe()
+    policy = policy or default_policy(settings)
+    async with connect(settings.broker, experiment=settings.experiment.name,
+                       memory=settings.memory) as transport:
+        orchestrator = Orchestrator(ctx, transport, scaler, probe, policy, poll_s)
+        ctx.heartbeat(transport, role="orchestrator",
+                      status_fn=lambda: f"{scaler.current()} pods")
+        side: list[asyncio.Task[Any]] = [
+            asyncio.create_task(watch_stop(ctx, transport)),
+            asyncio.create_task(follow_leaderboard(transport, orchestrator.progress))]
+        try:
+            await orchestrator.run()
+        finally:
+            log.info("orchestrator: stopping %d pod(s)", scaler.current())
+            await asyncio.to_thread(scaler.close)
+            for task in side:
+                task.cancel()
+            await asyncio.gather(*side, return_exceptions=True)
+            probe.close()
+    return 0

@@ -1,0 +1,195 @@
+"""The ``podracer`` command line: train, serve, status, leaderboard, export, evaluate."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from broker.errors import ConfigError, PodracerError
+from podracer.settings import (
+    DEFAULT_ENV,
+    Settings,
+    configure_logging,
+    default_experiment,
+    read_experiment,
+    settings_from_env,
+)
+
+_BUDGET = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+_SECONDS = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_STEPS = {"": 1, "k": 1_000, "m_steps": 1_000_000, "M": 1_000_000, "G": 1_000_000_000}
+
+
+def parse_budget(text: str, field: str = "--budget") -> dict[str, float | int]:
+    """``"90s"``/``"2m"``/``"1h"`` -> seconds; ``"500000"``/``"500k"``/``"2M"`` -> steps."""
+    match = _BUDGET.match(text)
+    if not match:
+        raise ConfigError(field, f"cannot read {text!r}",
+                          "give seconds like 90s, 5m, 1h or env steps like 200000, 500k, 2M")
+    value, unit = float(match.group(1)), match.group(2)
+    if unit.lower() in _SECONDS and unit != "M":
+        return {"seconds": value * _SECONDS[unit.lower()]}
+    if unit in _STEPS:
+        return {"env_steps": int(value * _STEPS[unit])}
+    raise ConfigError(field, f"unknown unit {unit!r} in {text!r}",
+                      "use s, m, h for time or k, M for env steps")
+
+
+def _experiment_from_args(args: argparse.Namespace) -> Any:
+    source = args.experiment_file or args.experiment
+    exp = read_experiment(source) if source else default_experiment(args.env or DEFAULT_ENV)
+    changes: dict[str, Any] = {"env": args.env, "pods": args.pods,
+                               "target_score": args.target_score, "seed": args.seed,
+                               "name": args.name}
+    if args.algos:
+        names = [a.strip() for a in args.algos.split(",") if a.strip()]
+        if not names:
+            raise ConfigError("--algos", "no algorithm given", "e.g. --algos ppo,sac,td3")
+        weights: dict[str, float] = {}
+        for item in names:
+            name, _, weight = item.partition(":")
+            try:
+                weights[name] = float(weight) if weight else 1.0
+            except ValueError:
+                raise ConfigError("--algos", f"bad weight in {item!r}",
+                                  "e.g. ppo:2,sac:1") from None
+        changes["algos"] = weights
+    if args.budget:
+        budget = parse_budget(args.budget)
+        changes["total_budget"] = budget
+    if args.round_budget:
+        rb = parse_budget(args.round_budget, "--round-budget")
+        changes["round_budget"] = ({"seconds": rb["seconds"]} if "seconds" in rb
+                                   else {"steps": rb["env_steps"]})
+    from agents.registry import default_registry
+
+    algos = changes.get("algos")
+    exp = exp.with_overrides({k: v for k, v in changes.items() if k != "algos"})
+    if algos is not None:
+        data = exp.to_dict()
+        data["algos"] = algos
+        data["num_envs"] = {k: v for k, v in data["num_envs"].items() if k in algos}
+        data["hparams"] = {k: v for k, v in data["hparams"].items() if k in algos}
+        from podracer.experiment import parse_experiment
+
+        exp = parse_experiment(data)
+    return exp.with_overrides({}, registry=default_registry())
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Run a tournament (embedded by default, separate processes with --broker)."""
+    from podracer.train import train
+
+    experiment = _experiment_from_args(args)
+    settings = settings_from_env(experiment=experiment, broker=args.broker,
+                                 device=args.device, torch_threads=args.threads)
+    out = Path(args.out) if args.out else Path("runs") / experiment.name
+    result = train(settings, out, progress=not args.quiet)
+    return result.exit_code
+
+
+def _serve_settings(args: argparse.Namespace, role: str) -> Settings:
+    experiment = read_experiment(args.experiment) if args.experiment else None
+    settings = settings_from_env(experiment=experiment, broker=args.broker, store=args.store,
+                                 device=args.device, name=args.name)
+    if settings.broker.startswith("memory"):
+        raise ConfigError("--broker", f"`serve {role}` needs a real broker",
+                          "pass --broker amqp://user:pass@host:5672/ (or PODRACER_BROKER); "
+                          "for everything in one process use `podracer train`")
+    return settings
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run one service until control.stop or SIGTERM."""
+    from broker.service import run_service
+
+    settings = _serve_settings(args, args.role)
+    name = settings.instance_name(args.role)
+    if args.role == "pod":
+        from agents import pod
+
+        return run_service(pod.main, settings, name=name)
+    if args.role == "updater":
+        from leaderboard import updater
+
+        return run_service(lambda ctx: updater.main(ctx, reevaluate=args.reevaluate), settings,
+                           name=name)
+    if args.role == "generator":
+        from leaderboard import generator
+
+        return run_service(generator.main, settings, name=name)
+    from orchestrator import service
+
+    scaler = service.build_scaler(args.scaler, settings, log_dir=args.log_dir)
+    policy = service.default_policy(settings, min_pods=args.min_pods)
+    return run_service(lambda ctx: service.main(ctx, scaler, policy=policy, poll_s=args.poll),
+                       settings, name=name)
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--broker", help="amqp://user:pass@host:5672/ (env PODRACER_BROKER)")
+    p.add_argument("--device", help="cpu, cuda, cuda:N (env PODRACER_DEVICE)")
+    p.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``podracer``."""
+    parser = argparse.ArgumentParser(prog="podracer", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a population (all services in one go)")
+    p.add_argument("experiment_file", nargs="?", help="experiment TOML (same as --experiment)")
+    p.add_argument("--experiment", help="experiment TOML file")
+    p.add_argument("--env", help=f"env name (default {DEFAULT_ENV})")
+    p.add_argument("--algos", help="algorithm mix, e.g. ppo,sac,td3 or ppo:2,sac:1")
+    p.add_argument("--pods", type=int, help="population size")
+    p.add_argument("--target-score", type=float, help="stop when the best score reaches this")
+    p.add_argument("--budget", help="total budget: seconds (300s, 5m) or env steps (2M)")
+    p.add_argument("--round-budget", help="one round: seconds (15s) or env steps (50k)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--name", help="experiment name (namespace of queues and the run dir)")
+    p.add_argument("--out", help="run directory (default runs/<experiment>)")
+    p.add_argument("--threads", type=int, help="torch threads per pod process")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    _add_common(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("serve", help="run one service (needs --broker)")
+    p.add_argument("role", choices=["updater", "generator", "pod", "orchestrator"])
+    p.add_argument("--experiment", help="experiment file (env PODRACER_EXPERIMENT_FILE)")
+    p.add_argument("--store", help="shared store directory (env PODRACER_STORE)")
+    p.add_argument("--name", help="instance name (env PODRACER_POD)")
+    p.add_argument("--reevaluate", action="store_true",
+                   help="updater: re-evaluate checkpoints instead of trusting pods")
+    p.add_argument("--scaler", default=None, choices=["local", "swarm", "none"],
+                   help="orchestrator: how pods are run (env PODRACER_SCALER, default local)")
+    p.add_argument("--min-pods", type=int, default=None, help="orchestrator: floor of pods")
+    p.add_argument("--poll", type=float, default=1.0, help="orchestrator: seconds per poll")
+    p.add_argument("--log-dir", help="orchestrator: directory for local pods' logs")
+    _add_common(p)
+    p.set_defaults(func=cmd_serve)
+
+    from podracer import inspect_cli
+
+    inspect_cli.add_commands(sub, _add_common)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``podracer`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        configure_logging(args.log_level)
+        code: int = args.func(args)
+        return code
+    except PodracerError as exc:
+        print(f"podracer: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Small pieces every service loop shares: obeying ``control.stop`` and draining."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+from broker.schemas import Stop
+from broker.service import ServiceContext
+from broker.transport import Transport
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+async def watch_stop(ctx: ServiceContext[Any], transport: Transport) -> None:
+    """Set ``ctx.stopping`` when ``control.stop`` arrives on the events exchange."""
+    async with transport.subscribe(["control.stop"]) as events:
+        async for event in events:
+            if isinstance(event, Stop):
+                log.info("%s: control.stop (%s)", ctx.name, event.reason)
+                ctx.stop()
+                return
+
+
+async def drain_until_idle(ctx: ServiceContext[Any], items: AsyncIterator[T],
+                           idle_s: float) -> AsyncIterator[T]:
+    """Yield ``items``; once ``ctx.stopping`` is set, end after ``idle_s`` without one."""
+    idle_since: float | None = None
+    while True:
+        try:
+            item = await asyncio.wait_for(anext(items), timeout=0.5)
+        except asyncio.TimeoutError:
+            if ctx.stopping.is_set():
+                idle_since = idle_since or time.monotonic()
+                if time.monotonic() - idle_since >= idle_s:
+                    return
+            continue
+        except StopAsyncIteration:
+            return
+        idle_since = None
+        yield item
+
+
+async def sleep_or_stop(ctx: ServiceContext[Any], seconds: float) -> bool:
+    """Sleep ``seconds`` unless the service is stopping; True when it is."""
+    try:
+        await asyncio.wait_for(ctx.stopping.wait(), seconds)
+    except asyncio.TimeoutError:
+        return False
+    return True

@@ -1,0 +1,241 @@
+"""Inspection commands of ``podracer``: status, leaderboard, export, evaluate.
+
+* ``status``: the experiment's queues (depth, consumers, rates from RabbitMQ's
+  management API), dead-letter depths, the services heard on ``heartbeat.*`` during
+  ``--listen`` seconds, and the top of the leaderboard when its store exists.
+* ``leaderboard``: the top-K table, or the lineage of one checkpoint.
+* ``export``: the best checkpoint (or a top-K ensemble) as one policy file.
+* ``evaluate``: a policy file (or a stored checkpoint) scored deterministically.
+
+Where things are: ``--experiment`` is an experiment file or a bare name (default
+``PODRACER_EXPERIMENT_FILE``, then Podracer's default experiment); ``--store`` defaults
+to ``PODRACER_STORE``, then ``runs/<experiment>``. Commands that only read a store never
+create one: a missing store is a ``ConfigError`` naming ``--store``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from broker.errors import ConfigError
+from leaderboard.store import DB_NAME, Entry, LeaderboardStore
+
+_TABLE_HEAD = ("rank", "id", "algorithm", "score", "env steps", "gen", "parent", "pod")
+
+
+# ------------------------------------------------------------------ where things are
+
+
+def experiment_name(value: str | None) -> str:
+    """The experiment's name from a file path or a bare name (see the module doc)."""
+    from broker.topology import check_experiment
+    from podracer.settings import default_experiment, read_experiment
+
+    if value is None:
+        from_env = os.environ.get("PODRACER_EXPERIMENT_FILE")
+        return read_experiment(from_env).name if from_env else default_experiment().name
+    if Path(value).is_file() or value.endswith((".toml", ".json")):
+        return read_experiment(value).name
+    try:
+        return check_experiment(value)
+    except ConfigError as exc:
+        raise ConfigError("--experiment", exc.problem,
+                          "give an experiment file (.toml/.json) or a name made of A-Z a-z "
+                          "0-9 _ -") from None
+
+
+def store_dir(store: str | None, experiment: str | None) -> Path:
+    """``--store``, else ``PODRACER_STORE``, else ``runs/<experiment>``."""
+    chosen = store or os.environ.get("PODRACER_STORE")
+    return Path(chosen) if chosen else Path("runs") / experiment_name(experiment)
+
+
+def open_store(root: Path) -> LeaderboardStore:
+    """Open an existing store (never create one); ``ConfigError`` naming ``--store``."""
+    if not (root / DB_NAME).is_file():
+        raise ConfigError("--store", f"no leaderboard at {root} (no {DB_NAME})",
+                          "pass --store with the run directory of an experiment, or "
+                          "--experiment so that runs/<experiment> is used")
+    return LeaderboardStore(root)
+
+
+# ------------------------------------------------------------------ tables
+
+
+def format_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned text columns, two spaces apart."""
+    widths = [max(len(str(c)) for c in col) for col in zip(head, *rows, strict=False)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip()
+             for row in (head, *rows)]
+    return "\n".join(lines)
+
+
+def _score(entry: Entry) -> str:
+    return f"{entry.score_mean:.2f} ± {entry.score_std:.2f}"
+
+
+def leaderboard_table(entries: Sequence[Entry]) -> str:
+    """The top-K table: rank, id[:12], algorithm, score, env steps, generation, parent, pod."""
+    rows = [(str(rank), e.id[:12], e.algorithm, _score(e), f"{e.env_steps:,}",
+             str(e.generation), (e.parent_id or "-")[:12], e.pod)
+            for rank, e in enumerate(entries, start=1)]
+    return format_table(_TABLE_HEAD, rows)
+
+
+def _changes(entry: Entry, parent: Entry | None) -> str:
+    if parent is None:
+        return "-"
+    changed = [f"{k}={entry.hparams[k]:.4g}" if isinstance(entry.hparams[k], float)
+               else f"{k}={entry.hparams[k]}"
+               for k in sorted(entry.hparams) if parent.hparams.get(k) != entry.hparams[k]]
+    return ", ".join(changed) or "same hparams"
+
+
+def lineage_table(chain: Sequence[Entry]) -> str:
+    """One row per ancestor, newest first, with the hyperparameters it changed."""
+    head = ("gen", "id", "algorithm", "score", "env steps", "pod", "changed vs parent")
+    rows = [(str(e.generation), e.id[:12], e.algorithm, _score(e), f"{e.env_steps:,}", e.pod,
+             _changes(e, chain[i + 1] if i + 1 < len(chain) else None))
+            for i, e in enumerate(chain)]
+    return format_table(head, rows)
+
+
+# ------------------------------------------------------------------ commands
+
+
+def _positive(value: int, flag: str) -> int:
+    if value < 1:
+        raise ConfigError(flag, f"must be >= 1, got {value}", f"e.g. {flag} 5")
+    return value
+
+
+def cmd_leaderboard(args: argparse.Namespace) -> int:
+    """Print the top-K table, or the lineage chain of ``--lineage``."""
+    from leaderboard.export import resolve_entry
+
+    root = store_dir(args.store, args.experiment)
+    with open_store(root) as store:
+        if args.lineage:
+            entry = resolve_entry(store, args.lineage, "--lineage")
+            chain = store.lineage(entry.id)
+            print(f"lineage of {entry.id} ({len(chain)} checkpoint(s), newest first)")
+            print(lineage_table(chain))
+            if chain[-1].parent_id is not None:
+                print(f"(parent {chain[-1].parent_id[:12]} of the oldest is not in the store)")
+            return 0
+        k = _positive(args.k, "-k")
+        entries = store.top(k)
+        print(f"leaderboard {root}: top {len(entries)} of {store.count()} checkpoint(s)")
+        if entries:
+            print(leaderboard_table(entries))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write the best checkpoint (or a top-K ensemble, or ``--id`` entries) to ``--out``."""
+    from leaderboard.export import export_policy, resolve_entry
+
+    top = _positive(args.top, "--top")
+    with open_store(store_dir(args.store, args.experiment)) as store:
+        ids = [resolve_entry(store, i, "--id").id for i in args.id or []]
+        path = export_policy(store, args.out, top=top, ids=ids or None)
+        chosen = ids or [e.id for e in store.top(top)]
+    print(f"exported {len(chosen)} member(s) to {path}: {', '.join(i[:12] for i in chosen)}")
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """Score a policy file or a stored checkpoint with ``agents.evaluator.evaluate``."""
+    from agents.evaluator import evaluate
+    from envs.registry import make_env
+    from leaderboard.export import load_policy, policy_from_store
+
+    episodes = _positive(args.episodes, "--episodes")
+    device = args.device or os.environ.get("PODRACER_DEVICE") or "cpu"
+    if args.path and (args.store or args.id):
+        raise ConfigError("PATH", "give either a policy file or --store/--id, not both",
+                          "drop PATH or --store/--id")
+    if args.path:
+        policy = load_policy(args.path, device)
+    elif args.store or args.id or args.experiment:
+        with open_store(store_dir(args.store, args.experiment)) as store:
+            policy = policy_from_store(store, [args.id] if args.id else [], device)
+    else:
+        raise ConfigError("PATH", "nothing to evaluate",
+                          "give a file from `podracer export`, or --store DIR [--id ID]")
+    name = args.env or policy.env
+    env = make_env(name, episodes, device)
+    try:
+        if args.env:
+            _check_env_spaces(policy, env, name)
+        result = evaluate(policy, env, episodes, seed=args.seed)
+    finally:
+        env.close()
+    members = ", ".join(m.id[:12] for m in policy.members)
+    print(f"{name}: {result.mean:.2f} ± {result.std:.2f} over {result.episodes} episodes "
+          f"(seed {args.seed}; {len(policy.members)} member(s): {members})")
+    return 0
+
+
+def _check_env_spaces(policy: Any, env: Any, name: str) -> None:
+    import gymnasium
+
+    want, got = policy.action_space, env.single_action_space
+    same = type(want) is type(got) and (
+        want.n == got.n if isinstance(want, gymnasium.spaces.Discrete) else want.shape == got.shape)
+    if not same:
+        raise ConfigError("--env", f"{name} acts in {got}, the policy in {want} ({policy.env})",
+                          "evaluate on an env with the same action space")
+
+
+# ------------------------------------------------------------------ parser
+
+
+def _add_place(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--experiment", help="experiment file (.toml/.json) or name "
+                   "(env PODRACER_EXPERIMENT_FILE)")
+    p.add_argument("--store", help="run directory with the leaderboard "
+                   "(env PODRACER_STORE, default runs/<experiment>)")
+
+
+def add_commands(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Register ``status``, ``leaderboard``, ``export`` and ``evaluate`` on ``sub``."""
+    p = sub.add_parser("status", help="queues, dead letters, live services, leaderboard")
+    _add_place(p)
+    p.add_argument("--listen", type=float, default=6.0,
+                   help="seconds to listen for heartbeats (default 6; 0 skips)")
+    p.add_argument("-k", type=int, default=5, help="leaderboard rows (default 5)")
+    p.add_argument("--management", help="management API base URL "
+                   "(default http://<broker host>:15672)")
+    add_common(p)
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("leaderboard", help="top-K table or one checkpoint's lineage")
+    _add_place(p)
+    p.add_argument("-k", type=int, default=10, help="rows (default 10)")
+    p.add_argument("--lineage", metavar="ID", help="show the ancestors of ID (a prefix is fine)")
+    add_common(p)
+    p.set_defaults(func=cmd_leaderboard)
+
+    p = sub.add_parser("export", help="write the best checkpoint(s) as a policy file")
+    _add_place(p)
+    p.add_argument("--top", type=int, default=1, help="ensemble of the K best (default 1)")
+    p.add_argument("--id", action="append", metavar="ID",
+                   help="export this checkpoint (repeat for an ensemble; prefixes are fine)")
+    p.add_argument("--out", required=True, help="file to write")
+    add_common(p)
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("evaluate", help="score an exported policy (or a stored checkpoint)")
+    p.add_argument("path", nargs="?", metavar="PATH", help="file written by `podracer export`")
+    _add_place(p)
+    p.add_argument("--id", help="with --store: this checkpoint (default: the best)")
+    p.add_argument("--episodes", type=int, default=32, help="episodes (default 32)")
+    p.add_argument("--env", help="evaluate on this env instead of the policy's")
+    p.add_argument("--seed", type=int, default=0, help="reset seed (default 0)")
+    add_common(p)
+    p.set_defaults(func=cmd_evaluate)

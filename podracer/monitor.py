@@ -1,0 +1,113 @@
+"""Live view of a running experiment from its events: progress lines and TensorBoard.
+
+``Monitor.follow(transport)`` subscribes to every event of the experiment and keeps
+the best score, the pods alive (a heartbeat in the last ``ALIVE_S`` seconds), their
+throughput, and the stop reason; it prints one progress line every ``PRINT_S``
+seconds and writes TensorBoard scalars (``leaderboard/best`` over total env steps and
+wall time; each pod's metrics over its env steps).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from broker.schemas import Heartbeat, LeaderboardChanged, Message, Metrics, Stop
+from broker.transport import Transport
+from podracer.experiment import Experiment
+
+log = logging.getLogger(__name__)
+
+ALIVE_S = 15.0
+PRINT_S = 2.0
+
+
+class Monitor:
+    """Aggregates events; see the module doc."""
+
+    def __init__(self, experiment: Experiment, tb_dir: Path | None, echo: bool = True) -> None:
+        self.experiment = experiment
+        self.echo = echo
+        self.started = time.monotonic()
+        self.started_wall = time.time()
+        self.best_score: float | None = None
+        self.checkpoints = 0
+        self.total_env_steps = 0
+        self.stop_reason: str | None = None
+        self._beats: dict[str, tuple[float, str, str]] = {}
+        self._speed: dict[str, tuple[float, float]] = {}
+        self._pod_steps: dict[str, int] = {}
+        self._last_print = 0.0
+        self._writer: Any = None
+        if tb_dir is not None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # tensorboard missing: progress lines still work
+                log.warning("tensorboard is not installed; no event files written")
+            else:
+                self._writer = SummaryWriter(str(tb_dir))
+
+    def pods_alive(self) -> int:
+        """Pods that sent a heartbeat in the last ``ALIVE_S`` seconds."""
+        now = time.monotonic()
+        return sum(1 for seen, role, _ in self._beats.values()
+                   if role == "pod" and now - seen < ALIVE_S)
+
+    def env_steps_per_s(self) -> float:
+        """Summed recent throughput of the training pods."""
+        now = time.monotonic()
+        return sum(rate for seen, rate in self._speed.values() if now - seen < 2 * PRINT_S + 3)
+
+    def observe(self, event: Message) -> None:
+        """Fold one event into the view."""
+        now = time.monotonic()
+        if isinstance(event, Heartbeat):
+            self._beats[event.pod] = (now, event.role, event.status)
+        elif isinstance(event, Metrics):
+            rate = event.values.get("perf/env_steps_per_s")
+            if rate is not None:
+                self._speed[event.pod] = (now, rate)
+            if self._writer is not None:
+                step = self._pod_steps.get(event.pod, 0) + 1
+                self._pod_steps[event.pod] = step
+                for key, value in event.values.items():
+                    self._writer.add_scalar(f"pods/{event.pod}/{key}", value, step)
+        elif isinstance(event, LeaderboardChanged):
+            self.best_score = event.best_score
+            self.checkpoints = event.checkpoints
+            self.total_env_steps = event.total_env_steps
+            if self._writer is not None:
+                self._writer.add_scalar("leaderboard/best", event.best_score,
+                                        event.total_env_steps)
+                self._writer.add_scalar("leaderboard/best_vs_seconds", event.best_score,
+                                        int(now - self.started))
+        elif isinstance(event, Stop):
+            self.stop_reason = event.reason
+        if self.echo and now - self._last_print >= PRINT_S:
+            self._last_print = now
+            print(self.line(), flush=True)
+
+    def line(self) -> str:
+        """The progress line: elapsed, best, checkpoints, pods, env-steps/s."""
+        best = "-" if self.best_score is None else f"{self.best_score:.1f}"
+        target = self.experiment.target_score
+        return (f"[{time.monotonic() - self.started:6.1f}s] best {best}"
+                f"{'' if target is None else f' (target {target:g})'} | "
+                f"{self.checkpoints} checkpoints | {self.pods_alive()} pods | "
+                f"{self.env_steps_per_s():,.0f} env-steps/s")
+
+    async def follow(self, transport: Transport) -> None:
+        """Observe every event of the experiment until cancelled."""
+        async with transport.subscribe(["#"]) as events:
+            async for event in events:
+                self.observe(event)
+
+    def close(self) -> None:
+        """Flush TensorBoard files (idempotent)."""
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                self._writer.close()
+            self._writer = None

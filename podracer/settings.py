@@ -1,0 +1,142 @@
+"""Settings every service reads once at start-up: CLI flags over ``PODRACER_*`` env vars.
+
+=============================  ==================================================
+``PODRACER_BROKER``            ``amqp://user:pass@host:5672/``, ``amqps://...`` or
+                               ``memory://`` (default; embedded mode only)
+``PODRACER_EXPERIMENT_FILE``   experiment TOML (or the JSON ``train`` writes)
+``PODRACER_STORE``             shared directory: leaderboard SQLite + blobs
+                               (default ``runs/<experiment>``)
+``PODRACER_DEVICE``            overrides the experiment's device (``cpu``, ``cuda``)
+``PODRACER_POD``               this process's name (the local scaler sets it)
+``PODRACER_TORCH_THREADS``     torch intra-op threads of a pod (default: torch's)
+``PODRACER_LOG_LEVEL``         ``INFO`` (default), ``DEBUG``, ...
+=============================  ==================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from broker.errors import ConfigError
+from broker.memory import MemoryBroker
+from podracer.experiment import Experiment, load_experiment, parse_experiment
+
+DEFAULT_ENV = "torch/Pendulum-v1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What a service needs to run: where the broker and store are, what to train."""
+
+    experiment: Experiment
+    """The validated experiment (algorithms, budgets, selection...)."""
+    broker: str = "memory://"
+    """Broker URL: ``amqp://``, ``amqps://`` or ``memory://``."""
+    store: Path = Path("runs/default")
+    """Directory shared by every service of the experiment (SQLite index + blobs)."""
+    name: str = ""
+    """Service instance name (heartbeat routing key); empty: ``<role>-<host>-<pid>``."""
+    device: str | None = None
+    """Overrides ``experiment.device`` for this process."""
+    torch_threads: int | None = None
+    """torch intra-op threads (None: torch's default)."""
+    memory: MemoryBroker | None = None
+    """The in-process hub shared by the services of one ``memory://`` process."""
+
+    def instance_name(self, role: str) -> str:
+        """The configured name, or ``<role>-<host>-<pid>``."""
+        return self.name or f"{role}-{socket.gethostname()}-{os.getpid()}"
+
+    def torch_device(self) -> torch.device:
+        """The device to train on (``auto``: CUDA when available)."""
+        wanted = self.device or self.experiment.device
+        if wanted == "auto":
+            wanted = "cuda" if torch.cuda.is_available() else "cpu"
+        if wanted.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError("device", f"{wanted} requested but CUDA is not available",
+                              "use --device cpu or install a CUDA build of torch")
+        return torch.device(wanted)
+
+
+def default_experiment(env: str = DEFAULT_ENV, **overrides: Any) -> Experiment:
+    """An experiment for ``env`` with Podracer's defaults (used when no file is given)."""
+    name = "".join(c if c.isalnum() or c in "_-" else "-" for c in env.split("/")[-1]).lower()
+    data: dict[str, Any] = {
+        "name": name.strip("-") or "default",
+        "env": env,
+        "algos": {"ppo": 1, "sac": 1, "td3": 1},
+        "round_budget": {"seconds": 15.0},
+        "total_budget": {"seconds": 1800.0},
+        "pods": 3,
+        "top_k": 8,
+        "explore_p": 0.2,
+        "selection": {"name": "tournament", "size": 3},
+        "eval_episodes": 16,
+        "device": "auto",
+    }
+    return parse_experiment(data).with_overrides(overrides)
+
+
+def read_experiment(path: str | Path | None) -> Experiment:
+    """The experiment in ``path`` (TOML, or the JSON ``podracer train`` hands its services)."""
+    if path is None:
+        return default_experiment()
+    path = Path(path)
+    if path.suffix == ".json":
+        try:
+            return parse_experiment(json.loads(path.read_text()))
+        except FileNotFoundError:
+            raise ConfigError("experiment", f"no such file: {path}", "check the path") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError("experiment", f"{path} is not valid JSON: {exc}") from None
+    return load_experiment(path)
+
+
+def write_experiment(experiment: Experiment, path: Path) -> Path:
+    """Write ``experiment`` as JSON that ``read_experiment`` reads back exactly."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(experiment.to_dict(), indent=2, sort_keys=True))
+    return path
+
+
+def settings_from_env(environ: Mapping[str, str] | None = None, **flags: Any) -> Settings:
+    """Settings from ``PODRACER_*`` variables, with non-None ``flags`` taking precedence."""
+    env = os.environ if environ is None else environ
+    experiment = flags.pop("experiment", None) or read_experiment(
+        env.get("PODRACER_EXPERIMENT_FILE") or None)
+    threads = flags.pop("torch_threads", None) or env.get("PODRACER_TORCH_THREADS")
+    try:
+        torch_threads = int(threads) if threads else None
+    except ValueError:
+        raise ConfigError("PODRACER_TORCH_THREADS", f"not an integer: {threads!r}") from None
+    store = flags.pop("store", None) or env.get("PODRACER_STORE") or f"runs/{experiment.name}"
+    values: dict[str, Any] = {
+        "experiment": experiment,
+        "broker": flags.pop("broker", None) or env.get("PODRACER_BROKER", "memory://"),
+        "store": Path(store),
+        "name": flags.pop("name", None) or env.get("PODRACER_POD", ""),
+        "device": flags.pop("device", None) or env.get("PODRACER_DEVICE") or None,
+        "torch_threads": torch_threads,
+        "memory": flags.pop("memory", None),
+    }
+    if flags:
+        raise ConfigError(next(iter(flags)), "unknown setting")
+    return Settings(**values)
+
+
+def configure_logging(level: str | None = None) -> None:
+    """One line per event: time, level, logger, message."""
+    name = (level or os.environ.get("PODRACER_LOG_LEVEL") or "INFO").upper()
+    if not isinstance(logging.getLevelName(name), int):
+        raise ConfigError("PODRACER_LOG_LEVEL", f"unknown level {name!r}",
+                          "use DEBUG, INFO, WARNING or ERROR")
+    logging.basicConfig(level=name, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

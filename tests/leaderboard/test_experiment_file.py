@@ -1,0 +1,122 @@
+"""The experiment file: shipped examples load, bad values name their field, overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from agents.base import AlgorithmRegistry, AlgorithmSpec, SearchDim
+from broker.errors import ConfigError
+from podracer.experiment import Experiment, load_experiment, parse_experiment
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+MINIMAL: dict[str, Any] = {
+    "name": "t", "env": "Pendulum-v1", "algos": {"ppo": 1}, "round_budget": {"steps": 100},
+}
+
+
+def with_(**changes: Any) -> dict[str, Any]:
+    return {**MINIMAL, **changes}
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_examples_load(path: Path) -> None:
+    exp = load_experiment(path)
+    assert exp.algos and exp.round_budget.steps
+    assert parse_experiment(exp.to_dict()) == exp  # round trip
+
+
+def test_pendulum_example_values() -> None:
+    exp = load_experiment(EXAMPLES / "pendulum.toml")
+    assert exp.algos == {"ppo": 1.0, "sac": 1.0, "td3": 1.0}
+    assert exp.selection.name == "tournament" and exp.selection.params == {"size": 3}
+    assert exp.overrides_for("ppo") == {"gamma": 0.95, "num_envs": 64}
+    assert exp.total_budget.env_steps == 5_000_000
+
+
+def test_defaults_of_a_minimal_file() -> None:
+    exp = parse_experiment(MINIMAL)
+    assert (exp.pods, exp.top_k, exp.explore_p, exp.seed, exp.device) == (4, 8, 0.2, 0, "auto")
+    assert exp.target_score is None and exp.total_budget.seconds is None
+    assert exp.round_budget.seconds is None
+    assert exp.overrides_for("ppo") == {}
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (with_(algos={"ppo": 0}), r"algos\.ppo: weight must be > 0"),
+    (with_(algos={"ppo": "x"}), r"algos\.ppo: weight must be a number"),
+    (with_(algos={}), r"algos: give at least one algorithm"),
+    (with_(round_budget={}), r"round_budget: give steps or seconds"),
+    (with_(round_budget={"steps": 0}), r"round_budget\.steps: must be >= 1"),
+    (with_(round_budget={"seconds": -1}), r"round_budget\.seconds: must be > 0"),
+    (with_(round_budget={"steps": 5, "minutes": 1}),
+     r"round_budget\.minutes: unknown key.*known keys: seconds, steps"),
+    (with_(pods=0), r"pods: must be >= 1"),
+    (with_(pods=2.5), r"pods: expected an integer"),
+    (with_(explore_p=1.5), r"explore_p: must be in \[0.0, 1.0\]"),
+    (with_(target_score=float("nan")), r"target_score: expected a finite number"),
+    (with_(name="bad name!"), r"name: 'bad name!' is not a valid experiment name"),
+    ({k: v for k, v in MINIMAL.items() if k != "env"}, r"env: required"),
+    (with_(popsize=3), r"popsize: unknown key in experiment \(known keys: algos, .*top_k"),
+    (with_(selection={"name": "best"}), r"selection\.name: unknown strategy"),
+    (with_(selection={"name": "softmax", "size": 2}), r"selection\.size: unknown parameter"),
+    (with_(mutation={"perturb_factors": [0.8]}), r"mutation\.perturb_factors"),
+    (with_(num_envs={"sac": 4}), r"num_envs\.sac: algorithm is not in algos"),
+    (with_(num_envs=0), r"num_envs\.ppo: must be >= 1"),
+    (with_(hparams={"ppo": {"lr": [1]}}), r"hparams\.ppo\.lr: expected a finite scalar"),
+    (with_(hparams={"td3": {"lr": 1.0}}), r"hparams\.td3: algorithm is not in algos"),
+    (with_(device="gpu"), r"device: unknown device 'gpu'"),
+    (with_(total_budget={"env_steps": 0}), r"total_budget\.env_steps: must be >= 1"),
+])
+def test_bad_values_name_the_field(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_experiment(data)
+
+
+def test_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_experiment(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = \n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_experiment(bad)
+
+
+def test_overrides_are_validated_like_the_file() -> None:
+    exp = parse_experiment(MINIMAL)
+    changed = exp.with_overrides({"round_budget.seconds": 30}, pods=8, seed=None, device="cpu")
+    assert (changed.pods, changed.seed, changed.device) == (8, 0, "cpu")
+    assert changed.round_budget.steps == 100 and changed.round_budget.seconds == 30.0
+    assert exp.pods == 4  # the original is untouched (frozen)
+    with pytest.raises(ConfigError, match="pods: must be >= 1"):
+        exp.with_overrides(pods=0)
+    with pytest.raises(ConfigError, match="colour: unknown key"):
+        exp.with_overrides(colour="red")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        exp.pods = 3  # type: ignore[misc]
+
+
+@dataclasses.dataclass(frozen=True)
+class PpoConfig:
+    """A stand-in for agents.ppo's config."""
+
+    SEARCH_SPACE: ClassVar[dict[str, SearchDim]] = {"lr": SearchDim(1e-5, 1e-2)}
+    lr: float = 3e-4
+    num_envs: int = 8
+
+
+def test_registry_checks_algorithms_and_pinned_hparams() -> None:
+    spec = AlgorithmSpec("ppo", PpoConfig, lambda *a: None, True, True)  # type: ignore[arg-type]
+    registry = AlgorithmRegistry({"ppo": spec})
+    exp = parse_experiment(with_(num_envs=16, hparams={"ppo": {"lr": 1e-3}}), registry=registry)
+    assert isinstance(exp, Experiment)
+    with pytest.raises(ConfigError, match=r"algos\.sac: unknown algorithm 'sac'.*one of ppo"):
+        parse_experiment(with_(algos={"sac": 1}), registry=registry)
+    with pytest.raises(ConfigError, match=r"hparams\.ppo\.gamma: unknown hyperparameter"):
+        parse_experiment(with_(hparams={"ppo": {"gamma": 0.9}}), registry=registry)
+    with pytest.raises(ConfigError, match=r"hparams\.ppo\.num_envs: expected an integer"):
+        parse_experiment(with_(hparams={"ppo": {"num_envs": "many"}}), registry=registry)
