@@ -170,17 +170,19 @@ class PPOAgent:
 
     # ----------------------------------------------------------------- policy
 
-    def _norm(self, obs: torch.Tensor) -> torch.Tensor:
-        """Observations as the networks see them: float32, normalised when configured."""
+    def _norm(self, obs: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Observations as the networks see them: float32, normalised when configured
+        (written into ``out`` when given)."""
         obs = obs.to(self.device, torch.float32)
         if not self.config.norm_obs:
-            return obs
+            return obs if out is None else out.copy_(obs)
         if self._norm_cache is None:
             # float32 (shift, scale) computed once per rollout, not once per step
             inv_std = (self.obs_rms.var + 1e-8).rsqrt()
             self._norm_cache = ((-self.obs_rms.mean * inv_std).float(), inv_std.float())
         shift, scale = self._norm_cache
-        return torch.addcmul(shift, obs, scale).clamp_(-self.obs_rms.clip, self.obs_rms.clip)
+        normed = torch.addcmul(shift, obs, scale, out=out)
+        return normed.clamp_(-self.obs_rms.clip, self.obs_rms.clip)
 
     def _flat(self, obs: torch.Tensor) -> torch.Tensor:
         return obs.reshape(obs.shape[0], -1)
@@ -189,14 +191,17 @@ class PPOAgent:
         """V of normalised observations, ``[B]``."""
         return self.critic(self._flat(obs_norm)).squeeze(-1)
 
-    def _sample(self, obs_norm: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-        """A raw action: a Gaussian sample in the normalised box, or a class index."""
+    def _sample(self, obs_norm: torch.Tensor, std: torch.Tensor,
+                into: torch.Tensor | None = None) -> torch.Tensor:
+        """A raw action: a Gaussian sample in the normalised box, or a class index
+        (written into ``into`` when given)."""
         out = self.actor(self._flat(obs_norm))
         if self._discrete:
             probs = torch.softmax(out, -1)
-            return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+            action = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+            return action if into is None else into.copy_(action)
         noise = torch.randn(out.shape, generator=self.generator, device=out.device)
-        return torch.addcmul(out, noise, std)
+        return torch.addcmul(out, noise, std, out=into)
 
     def _evaluate(
         self, obs_norm: torch.Tensor, action: torch.Tensor
@@ -255,37 +260,30 @@ class PPOAgent:
             buf = self._rollout = Rollout(
                 steps, env.num_envs, self._obs_shape, self._raw_shape,
                 torch.long if self._discrete else torch.float32, self.device, keep_raw)
-        buf.bootstrap.zero_()
+        buf.cuts.clear()
         std = self.log_std.exp()
-        for t in range(steps):
-            obs_norm = self._norm(obs)
-            if buf.raw_obs is not None:
-                buf.raw_obs[t] = obs
-            buf.obs[t] = obs_norm
-            action = self._sample(obs_norm, std)
-            buf.actions[t] = action
+        for t, (obs_row, raw_row, action_row, reward_row, term_row, trunc_row) in enumerate(
+                buf.rows):
+            if raw_row is not None:
+                raw_row.copy_(obs)
+            obs_norm = self._norm(obs, out=obs_row)
+            action = self._sample(obs_norm, std, into=action_row)
             obs, reward, terminated, truncated, info = env.step(self._to_env(action))
-            buf.rewards[t] = reward
-            buf.terminated[t] = terminated
-            buf.truncated[t] = truncated
+            reward_row.copy_(reward)
+            term_row.copy_(terminated)
+            trunc_row.copy_(truncated)
             if bool(truncated.any()):
-                # time-limit cut: bootstrap the tail the episode would have had
-                cut = truncated & ~terminated
-                final_value = self.value(self._norm(info["final_obs"]))
-                buf.bootstrap[t] = self.config.gamma * final_value * cut
+                # time-limit cut: the learner bootstraps the tail from V(final_obs)
+                buf.cuts.append((t, truncated & ~terminated, self._norm(info["final_obs"])))
         self._obs = obs
         self._finish(buf)
         self.env_steps += steps * env.num_envs
         return buf
 
     def _finish(self, buf: Rollout) -> None:
-        """Batched after-rollout work: values, log-probs, episode returns, normaliser."""
-        flat_obs = buf.obs.reshape(-1, *self._obs_shape)
-        flat_actions = buf.actions.reshape(-1, *self._raw_shape)
-        buf.values.copy_(self.value(flat_obs).reshape(buf.values.shape))
-        buf.logprobs.copy_(self._evaluate(flat_obs, flat_actions)[0].reshape(buf.values.shape))
+        """Batched after-rollout bookkeeping: episode returns and the normaliser."""
         assert self._obs is not None and self._ep_return is not None
-        buf.last_value.copy_(self.value(self._norm(self._obs)))
+        buf.next_obs.copy_(self._norm(self._obs))
         total, count, self._ep_return = finished_returns(buf.rewards, buf.dones, self._ep_return)
         self._last_episodes = float(count)
         self._last_return = float(total) / self._last_episodes if count > 0 else math.nan
@@ -293,11 +291,24 @@ class PPOAgent:
             self.obs_rms.update(buf.raw_obs)
             self._norm_cache = None
 
+    @torch.no_grad()
+    def complete(self, buf: Rollout) -> None:
+        """Fill the rollout's values, log-probs and truncation bootstraps (see ``Rollout``)."""
+        flat_obs = buf.obs.reshape(-1, *self._obs_shape)
+        flat_actions = buf.actions.reshape(-1, *self._raw_shape)
+        buf.values.copy_(self.value(flat_obs).reshape(buf.values.shape))
+        buf.logprobs.copy_(self._evaluate(flat_obs, flat_actions)[0].reshape(buf.values.shape))
+        buf.last_value.copy_(self.value(buf.next_obs))
+        buf.bootstrap.zero_()
+        for t, cut, final_obs in buf.cuts:
+            buf.bootstrap[t] = self.config.gamma * self.value(final_obs) * cut
+
     # ----------------------------------------------------------------- update
 
     def update(self, batch: Rollout) -> dict[str, float]:
         """PPO epochs over one rollout; returns namespaced means of the losses."""
         cfg = self.config
+        self.complete(batch)
         with torch.no_grad():
             advantages = gae(batch.learning_rewards(cfg.reward_scale), batch.values,
                              batch.dones, batch.last_value, cfg.gamma, cfg.gae_lambda)

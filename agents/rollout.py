@@ -49,28 +49,36 @@ def finished_returns(
 
     ``carry`` ``[N]`` is each copy's return so far of the episode running when the
     rollout began. Returns (sum of finished returns, number finished, the new carry),
-    computed with a handful of whole-rollout ops instead of a few per step.
+    computed with a handful of whole-rollout ops instead of a few per step: the copies
+    that ended at least once finished ``carry`` plus all their rewards but the tail
+    after their last end.
     """
     steps = rewards.shape[0]
     cumulative = rewards.to(torch.float64).cumsum(0)
-    index = torch.arange(steps, device=rewards.device)[:, None].expand_as(rewards)
-    last_done = torch.where(dones, index, -1).cummax(0).values
-    before = torch.cat([torch.full_like(last_done[:1], -1), last_done[:-1]])  # last end < t
-    base = torch.where(before >= 0, cumulative.gather(0, before.clamp(min=0)),
-                       -carry.to(torch.float64))
-    returns = cumulative - base  # return of the episode running at t, up to t
-    finished = (returns * dones).sum()
-    return finished, dones.sum(), (returns[-1] * ~dones[-1]).to(carry.dtype)
+    total = cumulative[-1]
+    # last step each copy ended on (-1: none); everything after it is the unfinished tail
+    step_no = torch.arange(1, steps + 1, device=rewards.device)[:, None]
+    last_end = (dones * step_no).amax(0) - 1
+    ended = last_end >= 0
+    tail = total - cumulative.gather(0, last_end.clamp(min=0)[None])[0]
+    carry64 = carry.to(torch.float64)
+    finished = ((carry64 + total - tail) * ended).sum()
+    new_carry = torch.where(ended, tail, carry64 + total)
+    return finished, dones.sum(), new_carry.to(carry.dtype)
 
 
 class Rollout:
     """A preallocated ``[T, N, ...]`` rollout; the agent writes row ``t`` with ``put``.
 
-    ``obs`` holds the observations the policy saw (normalised), ``raw_obs`` the env's
-    (kept only when a normaliser needs them), ``rewards`` the env's rewards and
-    ``bootstrap`` the ``gamma * V(final_obs)`` owed to truncated steps. ``logprobs``,
-    ``values`` and ``last_value`` are filled in one batch after the loop: the policy
-    does not change during a rollout, so that equals computing them step by step.
+    The worker's loop writes only what the env and the policy produce: ``obs`` (as the
+    policy saw them, normalised), ``raw_obs`` (the env's, kept only when a normaliser
+    needs them), ``actions``, ``rewards``, ``terminated``, ``truncated``, ``next_obs``
+    (after the last row) and ``cuts`` (for each step where copies were truncated: the
+    step, the mask and their normalised final observations). The learner fills
+    ``logprobs``, ``values``, ``last_value`` and ``bootstrap`` (``gamma * V(final_obs)``
+    owed to truncated steps) in a few big batches before its first gradient step: the
+    networks have not changed since the rollout, so that equals computing them step by
+    step, at a fraction of the cost.
     """
 
     def __init__(
@@ -94,6 +102,14 @@ class Rollout:
         self.logprobs = torch.zeros(shape, device=device)
         self.values = torch.zeros(shape, device=device)
         self.last_value = torch.zeros(num_envs, device=device)
+        self.next_obs = torch.zeros(num_envs, *obs_shape, device=device)
+        self.cuts: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        # per-step row views made once: indexing a tensor costs more than the copy itself
+        raw_rows = list(self.raw_obs) if self.raw_obs is not None else [None] * steps
+        self.rows: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor,
+                              torch.Tensor, torch.Tensor]] = list(zip(
+            self.obs, raw_rows, self.actions, self.rewards, self.terminated, self.truncated,
+            strict=True))
 
     @property
     def steps(self) -> int:

@@ -10,7 +10,8 @@ Prints two tables:
 2. *Rollout throughput*: env steps/s of ``agent.explore`` (what the pod's worker does:
    policy, env step and storage) against a bare loop of ``env.step(agent.act(obs,
    deterministic=False))`` (env step plus policy forward, nothing else); ``ratio`` is
-   explore / bare (target >= 0.9).
+   explore / bare (target >= 0.9); ``cpu ratio`` is the same by process CPU time,
+   steadier on a shared machine (with one thread).
 
 Reference (SB3 + RL Zoo tuned, this 2-core CPU): -200 in ~13 s (PPO, 24.6k steps),
 ~60 s (SAC), ~64 s (TD3).
@@ -27,6 +28,7 @@ import argparse
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -79,28 +81,45 @@ def race(algorithm: str, target: float, max_s: float, eval_every: float, seed: i
     return Race(algorithm, False, train_s, time.perf_counter() - start, agent.env_steps, best)
 
 
-def throughput(algorithm: str, steps: int, repeats: int, seed: int) -> tuple[float, float]:
+@dataclasses.dataclass(frozen=True)
+class Throughput:
+    """Env steps/s of explore and of the bare loop, by wall clock and by CPU time."""
+
+    explore: float
+    bare: float
+    explore_cpu: float
+    bare_cpu: float
+
+
+def _timed(fn: Callable[[], object]) -> tuple[float, float]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def throughput(algorithm: str, steps: int, repeats: int, seed: int) -> Throughput:
     """Env steps/s of ``agent.explore`` and of the bare step + policy-forward loop."""
     agent, num_envs = _fresh(algorithm, seed)
-    env = make_env(ENV, num_envs)
+    env, bare_env = make_env(ENV, num_envs), make_env(ENV, num_envs)
     while agent.env_steps < 20_000:  # warm up (off-policy agents act randomly at first)
         agent.explore(env, steps)
-    explore_s = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        agent.explore(env, steps)
-        explore_s.append(time.perf_counter() - t0)
-    bare_s = []
-    obs, _ = env.reset(seed=seed)
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            for _ in range(steps):
-                obs = env.step(agent.act(obs, False))[0]
-        bare_s.append(time.perf_counter() - t0)
+    obs = [bare_env.reset(seed=seed)[0]]
+
+    @torch.no_grad()
+    def bare() -> None:
+        for _ in range(steps):
+            obs[0] = bare_env.step(agent.act(obs[0], False))[0]
+
+    explore_t, bare_t = [], []
+    for _ in range(repeats):  # interleaved, so a burst of load hits both alike
+        explore_t.append(_timed(lambda: agent.explore(env, steps)))
+        bare_t.append(_timed(bare))
+
     # medians: the machine is shared, a median ignores the odd preempted repeat
-    per_call = steps * num_envs
-    return per_call / sorted(explore_s)[repeats // 2], per_call / sorted(bare_s)[repeats // 2]
+    def rate(times: list[tuple[float, float]], i: int) -> float:
+        return steps * num_envs / sorted(t[i] for t in times)[repeats // 2]
+
+    return Throughput(rate(explore_t, 0), rate(bare_t, 0), rate(explore_t, 1), rate(bare_t, 1))
 
 
 def main() -> None:
@@ -131,13 +150,14 @@ def main() -> None:
                       f"{r.wall_s:7.1f} {r.env_steps:>10} {r.env_steps / r.train_s:9.0f} "
                       f"{r.best:8.1f}", flush=True)
     if not args.skip_throughput:
-        print(f"{'algo':6} {'explore steps/s':>16} {'bare steps/s':>13} {'ratio':>6}")
+        print(f"{'algo':6} {'explore steps/s':>16} {'bare steps/s':>13} {'ratio':>6} "
+              f"{'cpu ratio':>9}")
         for algo in algos:
             steps = resolve_config(default_registry(), algo, {}).num_envs
             steps = 16 if steps >= 256 else 64
-            explore_rate, bare_rate = throughput(algo, steps, repeats=7, seed=0)
-            print(f"{algo:6} {explore_rate:16.0f} {bare_rate:13.0f} "
-                  f"{explore_rate / bare_rate:6.2f}", flush=True)
+            tp = throughput(algo, steps, repeats=21, seed=0)
+            print(f"{algo:6} {tp.explore:16.0f} {tp.bare:13.0f} {tp.explore / tp.bare:6.2f} "
+                  f"{tp.explore_cpu / tp.bare_cpu:9.2f}", flush=True)
 
 
 if __name__ == "__main__":

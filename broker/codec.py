@@ -66,6 +66,7 @@ _ITEMSIZE: Final[dict[int, int]] = {
     code: torch.empty((), dtype=dtype).element_size() for code, dtype in _DTYPES.items()
 }
 _LITTLE = sys.byteorder == "little"
+_PACK_BUFFER = 64 * 1024
 
 SUPPORTED_DTYPES: Final = tuple(_DTYPES.values())
 """Tensor dtypes that round-trip exactly."""
@@ -80,10 +81,28 @@ def pack(obj: Any) -> bytes:
     Raises ``TypeError`` for a value msgpack cannot carry (a programming error on the
     sending side, caught before anything is published).
     """
+    # Size the buffer for the tensors up front: growing it by doubling re-copies them.
+    buf_size = _PACK_BUFFER + _tensor_bytes(obj)
     try:
-        return msgpack.packb(obj, default=_default, use_bin_type=True, datetime=False)
+        packer = msgpack.Packer(default=_default, use_bin_type=True, datetime=False,
+                                buf_size=buf_size)
+        return packer.pack(obj)
     except (TypeError, ValueError, OverflowError) as e:
         raise TypeError(f"cannot pack message: {e}") from None
+
+
+def _tensor_bytes(obj: Any, depth: int = 0) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()  # .nbytes refuses sparse tensors
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if depth > 8:  # state dicts are shallow; deeper data gets no size hint
+        return 0
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v, depth + 1) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(_tensor_bytes(v, depth + 1) for v in obj)
+    return 0
 
 
 def _default(obj: Any) -> Any:

@@ -89,6 +89,11 @@ class SyncClient:
         except (ValueError, TypeError) as e:
             raise ConfigError("url", f"not an AMQP url: {e}",
                               "use amqp://user:password@host:5672/vhost") from None
+        if url.startswith("amqps://"):
+            # Same TLS settings (PODRACER_TLS_CA/_CERT/_KEY) as the asyncio transport.
+            from broker.amqp import ssl_context_from_env
+
+            self._params.ssl_options = pika.SSLOptions(ssl_context_from_env(), self._params.host)
         self._params.socket_timeout = timeout
         self._params.blocked_connection_timeout = timeout
         self._params.connection_attempts = 1

@@ -13,12 +13,15 @@ Vectorization (``make(..., vectorization=...)``):
   Every option keeps Gymnasium's semantics exactly (same rollout for the same seed and
   actions; the tests compare them).
 
-Other backends were measured for MuJoCo and not chosen (figures in ``benchmarks/envs.py``
-docs): envpool 1.2.5 steps Ant-v5 no faster than the threaded Gymnasium copies here and
-draws its own initial states (not Gymnasium's for a seed); ``mujoco.rollout`` steps bare
-``MjData`` states and cannot reproduce Gymnasium's observation terms that read quantities
-of the previous substep (``cfrc_ext`` after ``mj_rnePostConstraint``, torso ``xpos``) nor
-its solver warm start.
+Other MuJoCo backends were measured (``benchmarks/envs.py``) and not chosen, because
+neither reproduces Gymnasium's rollout: envpool 1.2.5 (installs on Python 3.11, has
+``Ant-v5`` with v5's reward terms; after a state copied in, observations agree to ~3e-4
+and the cost terms exactly) draws initial states from its own RNG, carries its own
+MuJoCo build and autoresets on the next step. ``mujoco.rollout`` (MuJoCo 4.0: a C++
+thread pool over the same ``mj_step``, so no faster physics) returns only the
+integrated states, not the per-copy ``MjData`` quantities Gymnasium's observation and
+reward read (``cfrc_ext`` after ``mj_rnePostConstraint``, the torso ``xpos`` of the last
+substep) nor the solver warm start, so it cannot give the same numbers.
 
 Numpy meets torch only here at the edge: actions ``tensor -> numpy`` before the step,
 results ``torch.from_numpy(...).to(device)`` after it. Floating observations become

@@ -57,7 +57,8 @@ class Policy:
     """Deterministic actions of one agent or an ensemble: ``policy(obs[N, ...]) -> act[N, ...]``."""
 
     def __init__(self, env: str, members: Sequence[PolicyMember], agents: Sequence[Agent],
-                 action_space: gymnasium.spaces.Space[Any], device: torch.device) -> None:
+                 action_space: gymnasium.spaces.Space[Any], device: torch.device,
+                 observation_space: gymnasium.spaces.Space[Any] | None = None) -> None:
         """``members[i]`` describes ``agents[i]``; both ranked best first."""
         if not agents or len(agents) != len(members):
             raise ConfigError("members", f"{len(members)} members for {len(agents)} agents",
@@ -69,6 +70,7 @@ class Policy:
         self.members = tuple(members)
         self.agents = tuple(agents)
         self.action_space = action_space
+        self.observation_space = observation_space
         self.device = device
 
     def __repr__(self) -> str:
@@ -164,12 +166,13 @@ def export_policy(store: LeaderboardStore, path: str | Path, top: int = 1,
                for e in entries]
     document = {"format": FORMAT, "version": VERSION, "env": envs[0], "members": members}
     out = Path(path)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
         tmp.write_bytes(codec.pack(document))
         os.replace(tmp, out)
     except OSError as exc:
+        tmp.unlink(missing_ok=True)
         raise ConfigError("path", f"cannot write {out}: {exc.strerror or exc}",
                           "choose a writable file path") from None
     log.info("exported %d member(s) of %s to %s", len(members), envs[0], out)
@@ -237,8 +240,12 @@ def build_policy(env: str, members: Sequence[tuple[PolicyMember, Mapping[str, to
 
         registry = default_registry()
     torch_device = torch.device(device)
+    if torch_device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device", f"{torch_device} requested but CUDA is not available",
+                          "use --device cpu")
     agents: list[Agent] = []
     action_space: gymnasium.spaces.Space[Any] | None = None
+    observation_space: gymnasium.spaces.Space[Any] | None = None
     for index, (member, state) in enumerate(members):
         try:
             config = resolve_config(registry, member.algorithm, member.hparams)
@@ -247,6 +254,7 @@ def build_policy(env: str, members: Sequence[tuple[PolicyMember, Mapping[str, to
                 agent = build_agent(registry, member.algorithm, member.hparams, venv,
                                     torch_device, seed=0, state=state)
                 action_space = venv.single_action_space
+                observation_space = venv.single_observation_space
             finally:
                 venv.close()
         except ConfigError as exc:
@@ -255,7 +263,8 @@ def build_policy(env: str, members: Sequence[tuple[PolicyMember, Mapping[str, to
         agents.append(agent)
     if action_space is None:
         raise ConfigError("members", "no member to build", "export at least one checkpoint")
-    return Policy(env, [m for m, _ in members], agents, action_space, torch_device)
+    return Policy(env, [m for m, _ in members], agents, action_space, torch_device,
+                  observation_space)
 
 
 def load_policy(path: str | Path, device: str | torch.device = "cpu",

@@ -138,9 +138,16 @@ def _entry(row: sqlite3.Row) -> Entry:
 class LeaderboardStore:
     """Every accepted checkpoint of one experiment, ranked by evaluated score."""
 
-    def __init__(self, root: Path | str) -> None:
-        """Open (creating if needed) the store under ``root``."""
+    def __init__(self, root: Path | str, *, create: bool = True) -> None:
+        """Open the store under ``root``, creating it unless ``create`` is False.
+
+        Readers such as the CLI pass ``create=False`` so a mistyped path is a
+        ``ConfigError`` instead of a new, empty store.
+        """
         self.root = Path(root)
+        if not create and not (self.root / DB_NAME).is_file():
+            raise ConfigError("store", f"no leaderboard at {self.root}",
+                              "point --store (or PODRACER_STORE) at the experiment's store")
         self.blobs = FileBlobStore(self.root)  # creates root; ConfigError if it cannot
         self.path = self.root / DB_NAME
         self._local = threading.local()
@@ -260,6 +267,10 @@ class LeaderboardStore:
             rows = self._query(f"SELECT * FROM checkpoints WHERE algorithm = ? {_ORDER} LIMIT ?",
                                (algorithm, k))
         return [_entry(r) for r in rows]
+
+    def entries(self) -> list[Entry]:
+        """Every stored entry, in the order the store accepted them."""
+        return [_entry(r) for r in self._query("SELECT * FROM checkpoints ORDER BY stored, rowid")]
 
     def best(self) -> Entry | None:
         """The best entry, or ``None`` while the store is empty."""

@@ -19,21 +19,18 @@ import asyncio
 import dataclasses
 import logging
 import os
-import socket
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from broker.errors import BrokerError, ConfigError
+from broker.errors import BrokerError
 from broker.schemas import LeaderboardChanged, Scale, Stop
 from broker.service import ServiceContext
 from broker.transport import Transport, connect
 from orchestrator.policy import QueueStats, ScalingDecider, ScalingPolicy, StopCondition
 from orchestrator.probes import NodeProbe, Probe
-from orchestrator.scalers import LocalProcessScaler, Scaler, SwarmScaler
+from orchestrator.scalers import Scaler
 from podracer.control import sleep_or_stop, watch_stop
-from podracer.settings import Settings, write_experiment
+from podracer.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -54,53 +51,6 @@ def default_policy(settings: Settings, min_pods: int | None = None) -> ScalingPo
     return ScalingPolicy(min_pods=min(pods, min_pods if min_pods is not None else 1),
                          max_pods=pods, cpu_per_pod=min(1.0, cores / pods), up_polls=2,
                          down_polls=3, cpu_high=95.0, cpu_low=60.0)
-
-
-class NullScaler:
-    """Pods are run by someone else (``docker compose --scale``): only log the advice."""
-
-    def __init__(self) -> None:
-        self.advice = 0
-
-    def current(self) -> int:
-        """The last advised count (nothing is started here)."""
-        return self.advice
-
-    def scale_to(self, n: int) -> None:
-        """Record and log the advised count."""
-        if n != self.advice:
-            log.info("advice: run %d pods on this node (scaler 'none' starts nothing)", n)
-        self.advice = n
-
-    def reap(self) -> int:
-        """Nothing to restart."""
-        return 0
-
-    def close(self) -> None:
-        """Nothing to stop."""
-
-
-def build_scaler(kind: str | None, settings: Settings, log_dir: str | None = None) -> Scaler:
-    """``local`` (child processes, default), ``swarm`` (Docker service) or ``none``."""
-    kind = kind or os.environ.get("PODRACER_SCALER") or "local"
-    if kind == "none":
-        return NullScaler()
-    if kind == "swarm":
-        service = os.environ.get("PODRACER_SWARM_SERVICE") or "podracer_pod"
-        return SwarmScaler(service)
-    if kind != "local":
-        raise ConfigError("--scaler", f"unknown scaler {kind!r}", "use local, swarm or none")
-    experiment_file = write_experiment(
-        settings.experiment, settings.store / f"experiment.{settings.experiment.name}.json")
-    env = {"PODRACER_BROKER": settings.broker, "PODRACER_STORE": str(settings.store),
-           "PODRACER_EXPERIMENT_FILE": str(experiment_file)}
-    if settings.device:
-        env["PODRACER_DEVICE"] = settings.device
-    if settings.torch_threads:
-        env["PODRACER_TORCH_THREADS"] = str(settings.torch_threads)
-    return LocalProcessScaler([sys.executable, "-m", "podracer", "serve", "pod"], env,
-                              name_prefix=f"pod-{socket.gethostname()}",
-                              log_dir=Path(log_dir) if log_dir else None)
 
 
 async def follow_leaderboard(transport: Transport, progress: Progress) -> None:

@@ -122,8 +122,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         return run_service(generator.main, settings, name=name)
     from orchestrator import service
+    from orchestrator.scalers import build_scaler
 
-    scaler = service.build_scaler(args.scaler, settings, log_dir=args.log_dir)
+    scaler = build_scaler(args.scaler, settings, log_dir=args.log_dir)
     policy = service.default_policy(settings, min_pods=args.min_pods)
     return run_service(lambda ctx: service.main(ctx, scaler, policy=policy, poll_s=args.poll),
                        settings, name=name)

@@ -16,6 +16,7 @@ would stall the stream, so every copy draws a start state every step and
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import gymnasium
@@ -25,7 +26,7 @@ from envs.base import AutoresetMode, StepResult
 from envs.torch_envs import _core
 
 
-class BatchedClassicEnv:
+class BatchedClassicEnv(abc.ABC):
     """N copies of a small ODE env with per-copy time limits and ``SAME_STEP`` autoreset."""
 
     autoreset_mode = AutoresetMode.SAME_STEP
@@ -51,8 +52,8 @@ class BatchedClassicEnv:
 
     @property
     def elapsed_steps(self) -> torch.Tensor:
-        """Steps each copy has taken in its current episode (``int32[N]``)."""
-        return self._elapsed
+        """Steps each copy has taken in its current episode (a copy, ``int32[N]``)."""
+        return self._elapsed.clone()
 
     def reset(self, *, seed: int | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
         """Start a new episode in every copy (reseeding the generator if ``seed`` is given)."""
@@ -102,21 +103,26 @@ class BatchedClassicEnv:
 
     def close(self) -> None:
         """Nothing to release; present for the ``VecEnv`` contract."""
+        return None
 
+    @abc.abstractmethod
     def _check_action(self, action: torch.Tensor) -> torch.Tensor:
         """Validate the action shape and return it as a flat ``[N]`` tensor on the device."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _sample_start(self, count: int) -> torch.Tensor:
         """Draw ``count`` start states as ``[state_dim, count]``."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _advance(
         self, state: torch.Tensor, action: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Return ``(next_state[state_dim, N], reward float32[N], terminated bool[N])``."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _obs(self, state: torch.Tensor) -> torch.Tensor:
         """The float32 ``[N, obs_dim]`` observation of ``state[state_dim, N]``."""
         raise NotImplementedError

@@ -57,9 +57,7 @@ class TorchMountainCarContinuous(BatchedClassicEnv):
         return check_box_action(action, self.num_envs, self.device)
 
     def _sample_start(self, count: int) -> torch.Tensor:
-        position = _core.uniform(
-            self._generator, (count,), -0.6, -0.4, torch.float64, self.device
-        )
+        position = _core.uniform(self._generator, (count,), -0.6, -0.4, torch.float64, self.device)
         return torch.stack((position, torch.zeros_like(position))).to(torch.float32)
 
     def _advance(
@@ -77,7 +75,8 @@ class TorchMountainCarContinuous(BatchedClassicEnv):
         delta = torch.where(clipped, pushed_clipped, pushed_in_range)
         velocity = (velocity + delta).clamp_(-MAX_SPEED, MAX_SPEED)
         position = (position + velocity).clamp_(MIN_POSITION, MAX_POSITION)
-        at_wall = (position == torch.tensor(MIN_POSITION, dtype=torch.float32)) & (velocity < 0)
+        # The scalar is compared in float32, so this is "was clipped at the wall".
+        at_wall = (position == MIN_POSITION) & (velocity < 0)
         velocity = velocity.masked_fill_(at_wall, 0.0)
         terminated = (position >= GOAL_POSITION) & (velocity >= self.goal_velocity)
         reward = terminated.double().mul_(100.0).sub_(action.double().square().mul_(0.1))

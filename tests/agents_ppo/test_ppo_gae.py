@@ -37,6 +37,7 @@ def test_ppo_bootstraps_truncation_but_not_termination() -> None:
     agent = PPOAgent(env.single_observation_space, env.single_action_space, config,
                      torch.device("cpu"), seed=0)
     rollout = agent.explore(env, 3)
+    agent.complete(rollout)
 
     @torch.no_grad()
     def v(obs: list[float]) -> float:
@@ -63,6 +64,8 @@ def test_finished_returns_matches_a_step_by_step_count() -> None:
     gen = torch.Generator().manual_seed(0)
     rewards = torch.randn(7, 5, generator=gen)
     dones = torch.rand(7, 5, generator=gen) < 0.3
+    dones[:, 0] = False  # a copy whose episode spans the whole rollout
+    dones[-1, 1] = True  # one that ends on the last step
     carry = torch.randn(5, generator=gen)
     running, total, count = carry.clone().double(), 0.0, 0
     for t in range(7):

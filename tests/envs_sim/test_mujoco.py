@@ -12,6 +12,7 @@ import pytest
 import torch
 from gymnasium.vector import AutoresetMode
 
+from broker.errors import ConfigError
 from envs.gym_adapter import make
 
 pytestmark = [pytest.mark.mujoco, pytest.mark.timeout(120)]
@@ -151,3 +152,24 @@ def test_batched_ant_is_bitwise_sync_vector_env(kwargs: dict[str, Any]) -> None:
     assert ends >= 4
     batched.close()
     sync.close()
+
+
+def test_batched_backend_refuses_what_it_cannot_mirror() -> None:
+    from envs.mujoco_batched import AntBatchedVectorEnv
+
+    with pytest.raises(ConfigError, match="threads"):
+        make("Hopper-v5", 2, vectorization="batched")
+
+    def clipped() -> gymnasium.Env:
+        return gymnasium.wrappers.ClipAction(gymnasium.make("Ant-v5"))
+
+    with pytest.raises(ConfigError, match="ClipAction"):
+        AntBatchedVectorEnv([clipped] * 2, num_threads=1)
+
+
+def test_auto_picks_batched_for_ant_and_threads_for_other_mujoco() -> None:
+    ant, hopper = make("Ant-v5", 2, num_threads=2), make("Hopper-v5", 2, num_threads=2)
+    assert type(ant.vector_env).__name__ == "AntBatchedVectorEnv"
+    assert type(hopper.vector_env).__name__ == "ThreadedVectorEnv"
+    ant.close()
+    hopper.close()

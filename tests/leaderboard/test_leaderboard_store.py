@@ -78,6 +78,7 @@ def test_top_ranks_by_score_then_created(store: LeaderboardStore) -> None:
     assert [e.id for e in store.top(5, algorithm="ppo")] == ["tie-early", "tie-late", "low"]
     best = store.best()
     assert best is not None and best.id == "high"
+    assert [e.id for e in store.entries()] == ["low", "tie-late", "tie-early", "high"]
     assert store.count() == 4
     assert store.total_env_steps() == 4000
     with pytest.raises(ConfigError, match="top_k"):
@@ -203,3 +204,12 @@ def test_readers_while_one_writer_writes(tmp_path: Path) -> None:
     writer.close()
     cli.close()
     writer.close()  # idempotent
+
+
+def test_readers_can_refuse_to_create(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no leaderboard at"):
+        LeaderboardStore(tmp_path / "typo", create=False)
+    assert not (tmp_path / "typo").exists()
+    LeaderboardStore(tmp_path / "lb").close()
+    with LeaderboardStore(tmp_path / "lb", create=False) as reader:
+        assert reader.count() == 0

@@ -1,0 +1,113 @@
+"""A whole tournament on torch Pendulum, end to end, on RabbitMQ and in memory.
+
+On RabbitMQ every service is its own OS process: ``podracer train --broker`` starts the
+updater, generator and orchestrator as ``podracer serve <role>`` processes, and the
+orchestrator starts three pod processes. The test then reads what they left behind:
+the leaderboard store, the broker's queues and every process's log.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pika
+import pytest
+
+from leaderboard.store import Entry, LeaderboardStore
+from podracer.report import all_entries
+
+TARGET = -700.0
+ARGS = ["--env", "torch/Pendulum-v1", "--algos", "ppo,sac,td3", "--pods", "3",
+        "--target-score", str(TARGET), "--round-budget", "4s", "--budget", "300s",
+        "--threads", "1", "--quiet"]
+
+
+def _check_store(out: Path) -> list[Entry]:
+    """The invariants every finished tournament's store must hold."""
+    with LeaderboardStore(out) as store:
+        entries = all_entries(store)
+        ids = {e.id for e in entries}
+        # no duplicates: one row per checkpoint and per initialization
+        assert len(ids) == len(entries) == store.count()
+        assert len({e.init_id for e in entries}) == len(entries)
+        # children point to their parents, one generation further
+        children = [e for e in entries if e.parent_id is not None]
+        for child in children:
+            parent = store.get(child.parent_id or "")
+            assert parent is not None, f"{child.id} points to a missing parent"
+            assert child.generation == parent.generation + 1
+            assert child.algorithm == parent.algorithm
+            assert store.lineage(child.id)[-1].parent_id is None
+        # the best improved over the rounds and reached the target
+        best_so_far = []
+        best = float("-inf")
+        for entry in entries:
+            best = max(best, entry.score_mean)
+            best_so_far.append(best)
+        assert best >= TARGET
+        assert best > best_so_far[0], "the leaderboard's best never improved"
+        for entry in entries:  # the blob of every row is there and verifies
+            assert store.load_state(entry)
+    assert (out / "learning_curve.png").stat().st_size > 0
+    return entries
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.timeout(420)
+def test_tournament_on_rabbitmq_in_separate_processes(
+        amqp_url: str, experiment: str, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    env = {**os.environ, "PODRACER_LOG_LEVEL": "INFO"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "podracer", "train", *ARGS, "--name", experiment,
+         "--broker", amqp_url, "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=400)
+    logs = out / "logs"
+    all_logs = "\n".join(p.read_text() for p in sorted(logs.glob("*.log")))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + all_logs[-5000:]
+    assert "target score reached" in proc.stdout
+
+    entries = _check_store(out)
+    stored = {e.id for e in entries}
+    # every checkpoint a pod published is in the store
+    published = set(re.findall(r"round (\w+) published", all_logs))
+    pod_logs = sorted(logs.glob("pod-*.log"))
+    assert len(pod_logs) >= 3, "the orchestrator started fewer than 3 pod processes"
+    short = {s[:8] for s in stored}
+    assert published, "no pod published a checkpoint"
+    assert published <= short, f"published but not stored: {published - short}"
+    # every process stopped with exit code 0: services (returncode above) and pods
+    orchestrator_log = (logs / "orchestrator.log").read_text()
+    assert "crashed" not in orchestrator_log
+    for pod_log in pod_logs:
+        assert re.search(r"stopped after \d+ rounds", pod_log.read_text()), pod_log.name
+    # nothing left behind in the checkpoint queue or its dead-letter queue
+    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    try:
+        channel = connection.channel()
+        for queue in ("updater", "updater.dead"):
+            ok = channel.queue_declare(f"podracer.{experiment}.{queue}", passive=True)
+            assert ok.method.message_count == 0, queue
+    finally:
+        connection.close()
+
+
+@pytest.mark.timeout(420)
+def test_tournament_in_memory_mode(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "podracer", "train", *ARGS, "--name", "memtournament",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "target score reached" in proc.stdout
+    _check_store(out)
+    published = set(re.findall(r"round (\w+) published", proc.stderr))
+    with LeaderboardStore(out) as store:
+        short = {e.id[:8] for e in all_entries(store)}
+    assert published and published <= short
+    assert len(set(re.findall(r"(pod-\d+): stopped after \d+ rounds", proc.stderr))) >= 3
