@@ -27,7 +27,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,7 +324,7 @@ def parse_experiment(data: Mapping[str, Any],
     name = top.string("name")
     if not _NAME.match(name):
         raise ConfigError("name", f"{name!r} is not a valid experiment name",
-                          "use 1-64 letters, digits, '_', '.' or '-'")
+                          "use 1-64 letters, digits, '_' or '-' (it namespaces broker names)")
     algos = _algos(top.table("algos"))
     exp = Experiment(
         name=name,
