@@ -161,6 +161,8 @@ class DDPGAgent:
         self._sample_gen = seeded_generator(seed + 2, self.device)
         self._env: VecEnv | None = None
         self._obs: torch.Tensor | None = None
+        logger.debug("DDPG agent: obs %s, actions %s, %d envs, seed %d", obs_space.shape,
+                     act_space, config.num_envs, seed)
 
     # ---------------------------------------------------------------- acting
 

@@ -74,7 +74,7 @@ class DQNConfig:
     """Transitions per gradient step."""
     buffer_size: int = 100_000
     """Replay capacity in transitions (preallocated on the device)."""
-    learning_starts: int = 1_000
+    learning_starts: int = 500
     """Transitions collected before updates begin."""
     gamma: float = 0.99
     """Discount factor."""
@@ -84,7 +84,7 @@ class DQNConfig:
     """Exploration rate at the first env step."""
     epsilon_end: float = 0.05
     """Exploration rate after the decay."""
-    epsilon_decay_steps: int = 15_000
+    epsilon_decay_steps: int = 8_000
     """Env steps (over all copies) of the linear epsilon decay."""
     target_update_interval: int = 100
     """Gradient steps between target-network updates."""
@@ -94,7 +94,7 @@ class DQNConfig:
     """Gradient-norm clip of each step."""
     double: bool = True
     """Double DQN: the online net chooses the next action, the target net values it."""
-    dueling: bool = False
+    dueling: bool = True
     """Dueling heads: Q = V + A - mean(A)."""
     hidden_size: int = 128
     """Width of every hidden layer."""
@@ -164,6 +164,8 @@ class DQNAgent:
         self._sample_gen = seeded_generator(seed + 2, self.device)
         self._env: VecEnv | None = None
         self._obs: torch.Tensor | None = None
+        logger.debug("DQN agent: obs %s, actions %s, %d envs, seed %d", obs_space.shape,
+                     act_space, config.num_envs, seed)
 
     # ---------------------------------------------------------------- acting
 

@@ -70,7 +70,7 @@ class SACConfig:
     """Parallel env copies explored in one batch."""
     steps_per_iter: int = 1
     """Env steps per copy collected in one training iteration."""
-    updates_per_iter: int = 8
+    updates_per_iter: int = 4
     """Gradient steps per training iteration (sets the replay ratio)."""
     batch_size: int = 256
     """Transitions per gradient step."""
@@ -82,11 +82,11 @@ class SACConfig:
     """Discount factor."""
     tau: float = 0.01
     """Polyak step of the target critics per gradient step."""
-    actor_lr: float = 1e-3
+    actor_lr: float = 2e-3
     """Adam learning rate of the policy."""
-    critic_lr: float = 1e-3
+    critic_lr: float = 2e-3
     """Adam learning rate of the twin critics."""
-    alpha_lr: float = 1e-3
+    alpha_lr: float = 2e-3
     """Adam learning rate of log(alpha)."""
     init_alpha: float = 1.0
     """Initial entropy temperature."""
@@ -188,6 +188,8 @@ class SACAgent:
         self._sample_gen = seeded_generator(seed + 2, self.device)
         self._env: VecEnv | None = None
         self._obs: torch.Tensor | None = None
+        logger.debug("SAC agent: obs %s, actions %s, %d envs, seed %d", obs_space.shape,
+                     act_space, config.num_envs, seed)
 
     # ---------------------------------------------------------------- acting
 

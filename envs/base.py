@@ -13,8 +13,8 @@ are unspecified). ``terminated`` and ``truncated`` stay separate: an algorithm
 bootstraps from ``info["final_obs"]`` on truncation and not on termination.
 
 Rewards are float32 ``[N]``; ``terminated``/``truncated`` are bool ``[N]``.
-Seeding: ``reset(seed=s)`` makes the whole batch reproducible (copy *i* derives its
-stream from ``s`` and ``i``).
+Seeding: ``reset(seed=s)`` makes the whole batch reproducible for a given seed,
+``num_envs`` and device (a copy's stream may depend on all three).
 """
 
 from __future__ import annotations

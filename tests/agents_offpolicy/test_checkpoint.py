@@ -167,3 +167,15 @@ def test_search_space_names_real_fields_and_defaults_lie_inside(spec: AlgorithmS
     for name, dim in space.items():
         assert name in fields, name
         assert dim.low <= getattr(config, name) <= dim.high, name
+
+
+def test_mutated_learning_rate_survives_loading_the_moments() -> None:
+    """The generator mutates hparams and ships the parent's state: the new lr must win."""
+    parent, env = _make(sac.SPEC)
+    parent.train_iteration(env())
+    child, _ = _make(sac.SPEC, actor_lr=0.0123)
+    child.load_state_dict(parent.state_dict())
+    assert child.actor_opt.param_groups[0]["lr"] == 0.0123
+    moments = [child.actor_opt.state[p]["exp_avg"] for p in child.actor.parameters()]
+    want = [parent.actor_opt.state[p]["exp_avg"] for p in parent.actor.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(moments, want, strict=True))

@@ -43,9 +43,9 @@ def test_pendulum_return_improves(spec: AlgorithmSpec) -> None:
 
 def test_dqn_cartpole_return_improves() -> None:
     before, after = _learn(dqn.SPEC, "torch/CartPole-v1", iterations=CARTPOLE_ITERATIONS)
-    # an untrained greedy policy falls within ~10-40 steps
+    # an untrained greedy policy falls within ~10-20 steps; 400 iterations reach ~130-160
     assert after > before + 60, (before, after)
-    assert after > 100, (before, after)
+    assert after > 90, (before, after)
 
 
 PENDULUM_ITERATIONS = 200

@@ -1,0 +1,205 @@
+"""The pod, updater and generator services, each against both transports.
+
+Every service runs its real ``main`` as a task; the test plays the other services by
+publishing and consuming on a transport of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from agents import pod as pod_service
+from agents.registry import default_registry
+from agents.round import build_agent, resolve_config
+from broker.blobstore import FileBlobStore
+from broker.memory import MemoryBroker
+from broker.schemas import Budget, Checkpoint, Initialization, LeaderboardChanged, Stop
+from broker.service import ServiceContext
+from broker.transport import Transport, connect
+from envs.registry import make_env
+from leaderboard import generator as generator_service
+from leaderboard import updater as updater_service
+from leaderboard.generator import InitializationMaker
+from leaderboard.store import LeaderboardStore
+from podracer.settings import Settings, default_experiment
+
+pytestmark = pytest.mark.timeout(120)
+ENV = "torch/Pendulum-v1"
+PPO = {"num_envs": 8, "rollout_steps": 16, "hidden_size": 16}
+
+
+@dataclasses.dataclass
+class Rig:
+    """A transport for the test plus what a service needs to join it."""
+
+    transport: Transport
+    settings: Settings
+
+    def service(self, main: Callable[[ServiceContext[Settings]], Awaitable[Any]],
+                name: str) -> tuple[ServiceContext[Settings], asyncio.Task[Any]]:
+        ctx = ServiceContext(dataclasses.replace(self.settings, name=name), name)
+        return ctx, asyncio.create_task(main(ctx))
+
+
+@pytest.fixture(params=["memory", pytest.param("amqp", marks=pytest.mark.rabbitmq)])
+async def rig(request: pytest.FixtureRequest, experiment: str,
+              tmp_path: Path) -> AsyncIterator[Rig]:
+    url = "memory://" if request.param == "memory" else request.getfixturevalue("amqp_url")
+    hub = MemoryBroker()
+    exp = default_experiment(ENV).with_overrides(
+        name=experiment, eval_episodes=4, hparams={"ppo": PPO}, algos={"ppo": 1})
+    settings = Settings(experiment=exp, broker=url, store=tmp_path, memory=hub, device="cpu")
+    transport = connect(url, experiment=experiment, blobs=FileBlobStore(tmp_path), memory=hub)
+    async with transport:
+        yield Rig(transport, settings)
+
+
+def _init(rig: Rig, **changes: Any) -> Initialization:
+    fields: dict[str, Any] = {
+        "experiment": rig.settings.experiment.name, "algorithm": "ppo", "env": ENV,
+        "hparams": dict(PPO), "budget": Budget(steps=256), "seed": 3}
+    fields.update(changes)
+    return Initialization(**fields)
+
+
+async def _next(items: AsyncIterator[Any], seconds: float = 60.0) -> Any:
+    return await asyncio.wait_for(anext(items), seconds)
+
+
+async def _stop(ctx: ServiceContext[Settings], task: asyncio.Task[Any]) -> Any:
+    ctx.stop()
+    code = await asyncio.wait_for(task, 60)
+    await ctx.close()
+    return code
+
+
+async def _depth(transport: Transport, queue: str, want: int) -> int:
+    for _ in range(100):
+        ready, _ = await transport.queue_depth(queue)
+        if ready == want:
+            break
+        await asyncio.sleep(0.1)
+    return ready
+
+
+async def test_pod_trains_publishes_then_acks(rig: Rig) -> None:
+    ctx, task = rig.service(pod_service.main, "pod-a")
+    init = _init(rig)
+    await rig.transport.publish("generator", init)
+    async with rig.transport.consume("updater", prefetch=1, expect=Checkpoint) as inbox:
+        delivery = await _next(inbox)
+        checkpoint: Checkpoint = delivery.message
+        await delivery.ack()
+    assert checkpoint.id == checkpoint.init_id == init.id
+    assert checkpoint.pod == "pod-a" and checkpoint.algorithm == "ppo"
+    assert checkpoint.env_steps >= 256
+    assert checkpoint.parent_id is None and checkpoint.generation == 0
+    assert all(torch.isfinite(v).all() for v in checkpoint.state.values()
+               if v.is_floating_point())
+    assert await _depth(rig.transport, "generator", 0) == 0
+    assert await _stop(ctx, task) == 0
+    # the pod acked: nothing comes back to the queue after it left
+    assert await rig.transport.queue_depth("generator") == (0, 0)
+
+
+async def test_pod_rejects_what_it_cannot_use_and_stays_alive(rig: Rig) -> None:
+    ctx, task = rig.service(pod_service.main, "pod-b")
+    bad = [_init(rig, algorithm="nope"),
+           _init(rig, env="torch/NoSuchEnv-v0"),
+           _init(rig, hparams={**PPO, "hidden_size": "big"}),
+           _init(rig, state={"actor.0.weight": torch.zeros(3, 3)})]
+    for init in bad:
+        await rig.transport.publish("generator", init)
+    good = _init(rig)
+    await rig.transport.publish("generator", good)
+    async with rig.transport.consume("updater", prefetch=1, expect=Checkpoint) as inbox:
+        delivery = await _next(inbox)
+        assert delivery.message.init_id == good.id
+        await delivery.ack()
+    assert await _depth(rig.transport, "generator.dead", len(bad)) == len(bad)
+    assert not task.done()
+    assert await _stop(ctx, task) == 0
+
+
+def _checkpoint(rig: Rig, score: float, **changes: Any) -> Checkpoint:
+    registry = default_registry()
+    config = resolve_config(registry, "ppo", PPO)
+    env = make_env(ENV, config.num_envs, "cpu")
+    agent = build_agent(registry, "ppo", PPO, env, torch.device("cpu"), 0)
+    env.close()
+    fields: dict[str, Any] = {
+        "experiment": rig.settings.experiment.name, "init_id": "i", "pod": "pod-t",
+        "algorithm": "ppo", "env": ENV, "hparams": dict(PPO), "state": agent.state_dict(),
+        "score_mean": score, "score_std": 1.0, "env_steps": 100, "wall_time": 1.0}
+    fields.update(changes)
+    return Checkpoint(**fields)
+
+
+async def test_updater_stores_once_rejects_bad_and_announces(rig: Rig) -> None:
+    async with rig.transport.subscribe(["leaderboard.changed"]) as events:
+        ctx, task = rig.service(updater_service.main, "updater")
+        good = _checkpoint(rig, -500.0)
+        await rig.transport.publish("updater", good)
+        changed = await _next(events)
+        assert isinstance(changed, LeaderboardChanged)
+        assert changed.best_id == good.id and changed.checkpoints == 1
+        await rig.transport.publish("updater", good)  # a replay changes nothing
+        nan_state = dict(good.state)
+        first = next(k for k, v in nan_state.items() if v.is_floating_point() and v.dim() == 2)
+        nan_state[first] = torch.full_like(nan_state[first], float("nan"))
+        wrong = dict(good.state)
+        wrong[first] = torch.zeros(2, 2)
+        for state in (nan_state, wrong, {"x": torch.zeros(1)}):
+            await rig.transport.publish("updater", _checkpoint(rig, -1.0, state=state))
+        await rig.transport.publish("updater", _checkpoint(rig, -1.0, env="torch/CartPole-v1"))
+        assert await _depth(rig.transport, "updater.dead", 4) == 4
+        better = _checkpoint(rig, -100.0, parent_id=good.id, generation=1)
+        await rig.transport.publish("updater", better)
+        changed = await _next(events)
+        assert changed.best_id == better.id and changed.checkpoints == 2
+        assert await _stop(ctx, task) == 0
+    with LeaderboardStore(rig.settings.store) as store:
+        assert store.count() == 2
+        assert [e.id for e in store.lineage(better.id)] == [better.id, good.id]
+
+
+async def test_generator_keeps_one_waiting_and_seeds_children(rig: Rig) -> None:
+    with LeaderboardStore(rig.settings.store) as store:
+        parent = _checkpoint(rig, -300.0)
+        store.insert(parent)
+    ctx, task = rig.service(generator_service.main, "generator")
+    assert await _depth(rig.transport, "generator", generator_service.SLACK) == 1
+    await asyncio.sleep(1.5)  # several polls: still not more than the slack
+    assert (await rig.transport.queue_depth("generator"))[0] == generator_service.SLACK
+    assert await _stop(ctx, task) == 0
+    # what it makes: children of the entry (weights travel) or fresh agents
+    exp = rig.settings.experiment.with_overrides(explore_p=0.0)
+    with LeaderboardStore(rig.settings.store) as store:
+        maker = InitializationMaker(exp, default_registry(), store, random.Random(1))
+        child = maker.make()
+    assert child.parent_id == parent.id and child.generation == 1
+    assert child.state is not None and set(child.state) == set(parent.state)
+    assert child.hparams["hidden_size"] == PPO["hidden_size"]  # pinned, never mutated
+    assert child.hparams != parent.hparams
+
+
+async def test_control_stop_ends_every_service_with_code_zero(rig: Rig) -> None:
+    started = [rig.service(pod_service.main, "pod-c"),
+               rig.service(updater_service.main, "updater"),
+               rig.service(generator_service.main, "generator")]
+    await asyncio.sleep(1.0)  # all subscribed
+    await rig.transport.publish_event(
+        "control.stop", Stop(experiment=rig.settings.experiment.name, reason="test"))
+    codes = await asyncio.wait_for(asyncio.gather(*(t for _, t in started)), 90)
+    assert codes == [0, 0, 0]
+    for ctx, _ in started:
+        assert ctx.stopping.is_set()
+        await ctx.close()
