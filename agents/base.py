@@ -45,7 +45,7 @@ class SearchDim:
     def clip(self, value: float) -> float | int:
         """Clamp into ``[low, high]`` (and round for integer dims)."""
         value = min(max(value, self.low), self.high)
-        return int(round(value)) if self.integer else float(value)
+        return round(value) if self.integer else float(value)
 
 
 class HParams(Protocol):
@@ -58,6 +58,25 @@ class HParams(Protocol):
 C = TypeVar("C")
 
 
+def _coerce(name: str, default: Any, value: Any) -> Any:
+    """``value`` typed like the field's ``default``; ``ConfigError`` when it can't be."""
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"hparams.{name}", f"expected true/false, got {value!r}")
+    elif isinstance(default, int):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"hparams.{name}", f"expected an integer, got {value!r}")
+    elif isinstance(default, float):
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise ConfigError(f"hparams.{name}", f"expected a number, got {value!r}")
+        value = float(value)
+        if not math.isfinite(value):
+            raise ConfigError(f"hparams.{name}", "must be finite")
+    return value
+
+
 def config_from_hparams(cls: type[C], hparams: Mapping[str, Scalar]) -> C:
     """Build ``cls`` from a flat map; ``ConfigError`` names an unknown or mistyped field."""
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
@@ -66,27 +85,12 @@ def config_from_hparams(cls: type[C], hparams: Mapping[str, Scalar]) -> C:
         if name not in fields:
             raise ConfigError(f"hparams.{name}", f"unknown hyperparameter for {cls.__name__}",
                               f"known: {', '.join(sorted(fields))}")
-        default = fields[name].default
-        if isinstance(default, bool):
-            if not isinstance(value, bool):
-                raise ConfigError(f"hparams.{name}", f"expected true/false, got {value!r}")
-        elif isinstance(default, int):
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ConfigError(f"hparams.{name}", f"expected an integer, got {value!r}")
-        elif isinstance(default, float):
-            if not isinstance(value, int | float) or isinstance(value, bool):
-                raise ConfigError(f"hparams.{name}", f"expected a number, got {value!r}")
-            value = float(value)
-            if not math.isfinite(value):
-                raise ConfigError(f"hparams.{name}", "must be finite")
-        kwargs[name] = value
+        kwargs[name] = _coerce(name, fields[name].default, value)
     try:
         return cls(**kwargs)
+    except ConfigError:
+        raise
     except (TypeError, ValueError) as exc:
-        if isinstance(exc, ConfigError):
-            raise
         raise ConfigError("hparams", str(exc)) from None
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 import shutil
 import threading
@@ -152,8 +153,7 @@ def run_tournament(task: Task, seed: int, budget: float, out: Path, threads: int
     with LeaderboardStore(out, create=False) as store:
         entries = sorted(store.entries(), key=lambda e: e.stored)
         snaps = [Snapshot(e.stored - started_wall, e.score_mean, e.algorithm, e.hparams,
-                          lambda e=e: store.load_state(e))  # type: ignore[misc]
-                 for e in entries]
+                          functools.partial(store.load_state, e)) for e in entries]
         return score_run(task, "tournament", seed, snaps, store.total_env_steps(), wall)
 
 
@@ -177,9 +177,8 @@ def _worker(task: Task, algorithm: str, seed: int, budget: float, started: float
                                  Budget(seconds=min(task.round_seconds, left)),
                                  eval_episodes=task.eval_episodes)
             steps += result.env_steps
-            state = result.best_state
             snap = Snapshot(time.monotonic() - started, result.score_mean, algorithm, hparams,
-                            lambda state=state: state)  # type: ignore[misc]
+                            functools.partial(dict, result.best_state))
             with lock:
                 snaps.append(snap)
         return steps

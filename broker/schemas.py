@@ -317,7 +317,8 @@ def from_wire(data: Any, *, expect: type[T] | None = None, experiment: str | Non
     spec = {**_COMMON, **_FIELDS[cls.KIND]}
     kwargs: dict[str, Any] = {"schema": version}
     optional = {f.name for f in dataclasses.fields(cls)
-                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+                if f.default is not dataclasses.MISSING
+                or f.default_factory is not dataclasses.MISSING}
     for name, (check, want) in spec.items():
         if name not in data and name in optional:
             continue

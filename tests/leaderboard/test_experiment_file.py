@@ -34,7 +34,8 @@ def test_pendulum_example_values() -> None:
     exp = load_experiment(EXAMPLES / "pendulum.toml")
     assert exp.algos == {"ppo": 1.0, "sac": 1.0, "td3": 1.0}
     assert exp.selection.name == "tournament" and exp.selection.params == {"size": 3}
-    assert exp.overrides_for("ppo") == {"gamma": 0.95, "num_envs": 64}
+    assert exp.env == "torch/Pendulum-v1"
+    assert exp.overrides_for("ppo") == {}  # the example leaves the tuned defaults alone
     assert exp.total_budget.env_steps == 5_000_000
 
 
