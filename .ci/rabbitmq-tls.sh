@@ -73,12 +73,14 @@ listening() {
 }
 
 start_live_listener() {
-    # The same options as the config lines above, applied to the running node.
+    # The same settings as the config lines above, applied to the running node; the app
+    # env makes a later stop_app/start_app (no VM restart) bring the listener back too.
     rabbitmqctl -q eval "
         Opts = [{cacertfile, \"$TLS_DIR/ca.pem\"}, {certfile, \"$TLS_DIR/server.pem\"},
                 {keyfile, \"$TLS_DIR/server.key\"}, {verify, verify_none},
                 {fail_if_no_peer_cert, false}],
         ok = application:set_env(rabbit, ssl_options, Opts),
+        ok = application:set_env(rabbit, ssl_listeners, [{\"127.0.0.1\", $PORT}]),
         rabbit_networking:start_ssl_listener({\"127.0.0.1\", $PORT}, Opts, 1)." >/dev/null
     echo "rabbitmq-tls: live TLS listener started on 127.0.0.1:$PORT"
 }

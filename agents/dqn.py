@@ -73,7 +73,8 @@ class DQNConfig:
     batch_size: int = 128
     """Transitions per gradient step."""
     buffer_size: int = 100_000
-    """Replay capacity in transitions (preallocated on the device)."""
+    """Replay capacity in transitions, preallocated on the device:
+    ``buffer_size * (2 * obs_dim + act_dim + 2) * 4`` bytes."""
     learning_starts: int = 500
     """Transitions collected before updates begin."""
     gamma: float = 0.99
@@ -201,17 +202,19 @@ class DQNAgent:
             self._obs, _ = env.reset(seed=seed)
             self._env = env
         obs = self._obs.to(self.device, torch.float32)
-        reward_sum, ended_sum = 0.0, 0
+        # sums stay tensors: a .item() per step would stall the loop (a GPU sync)
+        reward_sum = torch.zeros((), device=self.device)
+        ended_sum = torch.zeros((), dtype=torch.int64, device=self.device)
         for _ in range(steps):
             action = self._epsilon_greedy(obs, self.epsilon())
             next_obs, reward, ended = store_step(env, self.buffer, obs, action,
                                                  action + self._action_start)
             obs = next_obs.to(self.device, torch.float32)
             self.env_steps += obs.shape[0]
-            reward_sum += float(reward.sum())
-            ended_sum += int(ended.sum())
+            reward_sum += reward.sum()
+            ended_sum += ended.sum()
         self._obs = obs
-        return {"rollout/reward_mean": reward_sum / max(1, steps * obs.shape[0]),
+        return {"rollout/reward_mean": float(reward_sum) / max(1, steps * obs.shape[0]),
                 "rollout/episodes_ended": float(ended_sum), "rollout/epsilon": self.epsilon()}
 
     # ---------------------------------------------------------------- learning

@@ -83,7 +83,10 @@ class RunningMeanStd(nn.Module):
         # two-pass with plain sums: exact, and ~5x faster than var_mean over dim 0 on CPU
         x_mean = x.sum(0) / b_count
         b_var = (x - x_mean).square().sum(0).to(torch.float64) / b_count
-        b_mean = x_mean.to(torch.float64)
+        self._fold(x_mean.to(torch.float64), b_var, b_count)
+
+    def _fold(self, b_mean: torch.Tensor, b_var: torch.Tensor, b_count: int) -> None:
+        """Merge a batch's mean, (population) variance and count (Chan et al.)."""
         delta = b_mean - self.mean
         total = self.count + b_count
         m2 = self.var * self.count + b_var * b_count + delta.square() * self.count * b_count / total

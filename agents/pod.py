@@ -116,6 +116,16 @@ class Pod:
             await delivery.reject(f"unusable initialization {init.id}: {exc}")
             self.status = "idle"
             return
+        except Exception as exc:
+            # Building depends only on the message: sizes that overflow an allocation, a
+            # state whose counters are not scalars... Every pod would fail the same way,
+            # so the message is poison; dying on it would kill pod after pod.
+            log.debug("traceback", exc_info=True)
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            await delivery.reject(f"unusable initialization {init.id}: "
+                                  f"{type(exc).__name__}: {first}")
+            self.status = "idle"
+            return
         self.status = f"training {init.algorithm}"
         log.info("%s: round %s (%s, generation %d, parent %s)", self.ctx.name, init.id[:8],
                  init.algorithm, init.generation, (init.parent_id or "fresh")[:8])

@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import math
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import gymnasium
@@ -44,7 +45,7 @@ class PPOConfig:
     """Env copies stepped together; the pod builds its env with this many."""
     rollout_steps: int = 16
     """Steps per copy per iteration; one iteration trains on ``num_envs * rollout_steps``."""
-    lr: float = 3e-3
+    lr: float = 6e-3
     """Adam learning rate (actor and critic share one optimizer)."""
     gamma: float = 0.95
     """Discount factor."""
@@ -68,14 +69,16 @@ class PPOConfig:
     """Normalise observations by running mean/std (statistics are part of the state)."""
     reward_scale: float = 0.1
     """Rewards are multiplied by this before learning (keeps value targets near unit scale)."""
-    hidden_size: int = 64
+    hidden_size: int = 32
     """Width of each hidden layer of the actor and the critic."""
     hidden_layers: int = 2
     """Number of hidden layers of the actor and the critic."""
     init_log_std: float = 0.0
     """Initial log std of the Gaussian policy (continuous actions only)."""
 
-    SEARCH_SPACE: ClassVar[Mapping[str, SearchDim]] = {
+    # only fields a mutated child can change while loading its parent's state: the
+    # network sizes would change tensor shapes, num_envs the pod's env
+    SEARCH_SPACE: ClassVar[Mapping[str, SearchDim]] = MappingProxyType({
         "lr": SearchDim(1e-4, 1e-2, log=True),
         "gamma": SearchDim(0.9, 0.999),
         "gae_lambda": SearchDim(0.8, 1.0),
@@ -85,7 +88,7 @@ class PPOConfig:
         "vf_coef": SearchDim(0.25, 1.0),
         "max_grad_norm": SearchDim(0.3, 2.0),
         "reward_scale": SearchDim(0.01, 1.0, log=True),
-    }
+    })
 
     def __post_init__(self) -> None:
         for name in ("num_envs", "rollout_steps", "update_epochs", "num_minibatches",
@@ -128,6 +131,9 @@ class PPOAgent:
             n_out = int(action_space.n)
         elif isinstance(action_space, gymnasium.spaces.Box):
             n_out, self._action_shape = flat_dim(action_space.shape), tuple(action_space.shape)
+            if not (action_space.is_bounded("both")):
+                raise ConfigError("env", "PPO needs a bounded Box action space",
+                                  "bound the env's actions (e.g. a clip wrapper)")
             low = torch.as_tensor(action_space.low, dtype=torch.float32, device=device)
             high = torch.as_tensor(action_space.high, dtype=torch.float32, device=device)
             self._act_center = ((high + low) / 2).reshape(-1)
@@ -203,7 +209,7 @@ class PPOAgent:
         noise = torch.randn(out.shape, generator=self.generator, device=out.device)
         return torch.addcmul(out, noise, std, out=into)
 
-    def _evaluate(
+    def _logp_entropy(
         self, obs_norm: torch.Tensor, action: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probability and entropy of stored actions under the current policy."""
@@ -262,16 +268,14 @@ class PPOAgent:
                 torch.long if self._discrete else torch.float32, self.device, keep_raw)
         buf.cuts.clear()
         std = self.log_std.exp()
-        for t, (obs_row, raw_row, action_row, reward_row, term_row, trunc_row) in enumerate(
-                buf.rows):
+        for t, (obs_row, raw_row, action_row, reward_row, done_row) in enumerate(buf.rows):
             if raw_row is not None:
                 raw_row.copy_(obs)
             obs_norm = self._norm(obs, out=obs_row)
             action = self._sample(obs_norm, std, into=action_row)
             obs, reward, terminated, truncated, info = env.step(self._to_env(action))
             reward_row.copy_(reward)
-            term_row.copy_(terminated)
-            trunc_row.copy_(truncated)
+            torch.logical_or(terminated, truncated, out=done_row)
             if bool(truncated.any()):
                 # time-limit cut: the learner bootstraps the tail from V(final_obs)
                 buf.cuts.append((t, truncated & ~terminated, self._norm(info["final_obs"])))
@@ -297,7 +301,7 @@ class PPOAgent:
         flat_obs = buf.obs.reshape(-1, *self._obs_shape)
         flat_actions = buf.actions.reshape(-1, *self._raw_shape)
         buf.values.copy_(self.value(flat_obs).reshape(buf.values.shape))
-        buf.logprobs.copy_(self._evaluate(flat_obs, flat_actions)[0].reshape(buf.values.shape))
+        buf.logprobs.copy_(self._logp_entropy(flat_obs, flat_actions)[0].reshape(buf.values.shape))
         buf.last_value.copy_(self.value(buf.next_obs))
         buf.bootstrap.zero_()
         for t, cut, final_obs in buf.cuts:
@@ -324,7 +328,7 @@ class PPOAgent:
             order = torch.randperm(size, generator=self.generator, device=self.device)
             for start in range(0, mb_size * cfg.num_minibatches, mb_size):
                 idx = order[start:start + mb_size]
-                logp, entropy = self._evaluate(b_obs[idx], b_actions[idx])
+                logp, entropy = self._logp_entropy(b_obs[idx], b_actions[idx])
                 log_ratio = logp - b_logp[idx]
                 ratio = log_ratio.exp()
                 adv = b_adv[idx]
@@ -383,14 +387,15 @@ class PPOAgent:
         for name in extra:
             if name not in state:
                 raise ConfigError(f"state.{name}", "missing", "pass a full PPO checkpoint")
+        rng = state["rng"]
+        if rng.dtype != torch.uint8 or rng.shape != self.generator.get_state().shape:
+            raise ConfigError("state.rng", f"not a generator state ({rng.dtype}, "
+                              f"{tuple(rng.shape)})", "pass a full PPO checkpoint")
         copy_state(self._live_tensors(), {k: v for k, v in state.items() if k not in extra})
         self.env_steps = int(state["counters.env_steps"])
         self.iterations = int(state["counters.iterations"])
         self._norm_cache = None
-        try:
-            self.generator.set_state(state["rng"].to(torch.uint8).cpu())
-        except RuntimeError as exc:
-            raise ConfigError("state.rng", f"not a generator state: {exc}") from None
+        self.generator.set_state(rng.cpu())
 
 
 def build(

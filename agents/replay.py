@@ -76,18 +76,21 @@ class ReplayBuffer:
         terminated: torch.Tensor,
     ) -> None:
         """Insert N transitions (leading dim N) at once, overwriting the oldest when full."""
-        rows: tuple[torch.Tensor, ...] = (obs, action, reward, next_obs,
-                                          terminated.to(torch.float32))
+        # `terminated` is bool: the slice assignment casts it to float while copying
+        rows: tuple[torch.Tensor, ...] = (obs, action, reward, next_obs, terminated)
         n = obs.shape[0]
         if n > self.capacity:  # only the newest `capacity` rows would survive anyway
             rows = tuple(r[n - self.capacity:] for r in rows)
             n = self.capacity
         # at most two contiguous slices: up to the end of the ring, then from its start
         first = min(n, self.capacity - self.pos)
+        end = self.pos + first
         for name, value in zip(self._FIELDS, rows, strict=True):
             store: torch.Tensor = getattr(self, name)
-            store[self.pos:self.pos + first] = value[:first]
-            if first < n:
+            if first == n:  # the common case: one copy, no slicing of the input
+                store[self.pos:end] = value
+            else:
+                store[self.pos:end] = value[:first]
                 store[:n - first] = value[first:]
         self.pos = (self.pos + n) % self.capacity
         self.size = min(self.size + n, self.capacity)
@@ -124,7 +127,10 @@ class ReplayBuffer:
             _check_shape(prefix + name, value.shape, (size, *store.shape[1:]))
             store[:size] = value
         self.size = size
-        self.pos = int(_get(state, prefix + "pos")) % self.capacity
+        # a full ring of the same capacity resumes at its saved position; a smaller saved
+        # ring (a buffer_size change) continues after its last row, evicting oldest first
+        self.pos = int(_get(state, prefix + "pos")) % self.capacity if size == self.capacity \
+            else size
 
 
 def store_step(

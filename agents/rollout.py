@@ -72,9 +72,10 @@ class Rollout:
 
     The worker's loop writes only what the env and the policy produce: ``obs`` (as the
     policy saw them, normalised), ``raw_obs`` (the env's, kept only when a normaliser
-    needs them), ``actions``, ``rewards``, ``terminated``, ``truncated``, ``next_obs``
-    (after the last row) and ``cuts`` (for each step where copies were truncated: the
-    step, the mask and their normalised final observations). The learner fills
+    needs them), ``actions``, ``rewards``, ``dones`` (terminated or
+    truncated), ``next_obs`` (after the last row) and ``cuts`` (for each step where
+    copies were truncated: the step, the mask of truncated-not-terminated copies and
+    their normalised final observations). The learner fills
     ``logprobs``, ``values``, ``last_value`` and ``bootstrap`` (``gamma * V(final_obs)``
     owed to truncated steps) in a few big batches before its first gradient step: the
     networks have not changed since the rollout, so that equals computing them step by
@@ -96,8 +97,7 @@ class Rollout:
         self.raw_obs = torch.zeros_like(self.obs) if keep_raw_obs else None
         self.actions = torch.zeros(*shape, *action_shape, dtype=action_dtype, device=device)
         self.rewards = torch.zeros(shape, device=device)
-        self.terminated = torch.zeros(shape, dtype=torch.bool, device=device)
-        self.truncated = torch.zeros(shape, dtype=torch.bool, device=device)
+        self.dones = torch.zeros(shape, dtype=torch.bool, device=device)
         self.bootstrap = torch.zeros(shape, device=device)
         self.logprobs = torch.zeros(shape, device=device)
         self.values = torch.zeros(shape, device=device)
@@ -107,9 +107,8 @@ class Rollout:
         # per-step row views made once: indexing a tensor costs more than the copy itself
         raw_rows = list(self.raw_obs) if self.raw_obs is not None else [None] * steps
         self.rows: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor,
-                              torch.Tensor, torch.Tensor]] = list(zip(
-            self.obs, raw_rows, self.actions, self.rewards, self.terminated, self.truncated,
-            strict=True))
+                              torch.Tensor]] = list(
+            zip(self.obs, raw_rows, self.actions, self.rewards, self.dones, strict=True))
 
     @property
     def steps(self) -> int:
@@ -120,11 +119,6 @@ class Rollout:
     def num_envs(self) -> int:
         """Columns ``N`` of the rollout."""
         return int(self.rewards.shape[1])
-
-    @property
-    def dones(self) -> torch.Tensor:
-        """Episode ended on the step (terminated or truncated), ``[T, N]``."""
-        return self.terminated | self.truncated
 
     def learning_rewards(self, scale: float) -> torch.Tensor:
         """``scale * reward`` plus the truncation bootstrap (already in scaled units)."""

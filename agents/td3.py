@@ -60,6 +60,7 @@ class TD3Config:
         "tau": SearchDim(0.002, 0.05, log=True),
         "exploration_noise": SearchDim(0.05, 0.5),
         "policy_noise": SearchDim(0.05, 0.5),
+        "policy_delay": SearchDim(1, 3, integer=True),
         "batch_size": SearchDim(64, 1024, log=True, integer=True),
         "updates_per_iter": SearchDim(1, 64, log=True, integer=True),
     })
@@ -68,21 +69,22 @@ class TD3Config:
     """Parallel env copies explored in one batch."""
     steps_per_iter: int = 1
     """Env steps per copy collected in one training iteration."""
-    updates_per_iter: int = 8
+    updates_per_iter: int = 4
     """Critic gradient steps per training iteration (sets the replay ratio)."""
     batch_size: int = 256
     """Transitions per gradient step."""
     buffer_size: int = 300_000
-    """Replay capacity in transitions (preallocated on the device)."""
+    """Replay capacity in transitions, preallocated on the device:
+    ``buffer_size * (2 * obs_dim + act_dim + 2) * 4`` bytes."""
     learning_starts: int = 1_024
     """Transitions collected with uniform random actions before updates begin."""
     gamma: float = 0.99
     """Discount factor."""
-    tau: float = 0.01
+    tau: float = 0.02
     """Polyak step of the targets per delayed update."""
-    actor_lr: float = 1e-3
+    actor_lr: float = 2e-3
     """Adam learning rate of the actor."""
-    critic_lr: float = 1e-3
+    critic_lr: float = 2e-3
     """Adam learning rate of the twin critics."""
     exploration_noise: float = 0.1
     """Std of the Gaussian noise added to actions while exploring (action scale [-1, 1])."""
@@ -202,7 +204,9 @@ class TD3Agent:
             self._obs, _ = env.reset(seed=seed)
             self._env = env
         obs = self._obs.to(self.device, torch.float32)
-        reward_sum, ended_sum = 0.0, 0
+        # sums stay tensors: a .item() per step would stall the loop (a GPU sync)
+        reward_sum = torch.zeros((), device=self.device)
+        ended_sum = torch.zeros((), dtype=torch.int64, device=self.device)
         for _ in range(steps):
             if self.env_steps < self.config.learning_starts:
                 action = torch.rand((obs.shape[0], self._low.numel()), generator=self._explore_gen,
@@ -213,10 +217,10 @@ class TD3Agent:
                                                  self._to_env(action))
             obs = next_obs.to(self.device, torch.float32)
             self.env_steps += obs.shape[0]
-            reward_sum += float(reward.sum())
-            ended_sum += int(ended.sum())
+            reward_sum += reward.sum()
+            ended_sum += ended.sum()
         self._obs = obs
-        return {"rollout/reward_mean": reward_sum / max(1, steps * obs.shape[0]),
+        return {"rollout/reward_mean": float(reward_sum) / max(1, steps * obs.shape[0]),
                 "rollout/episodes_ended": float(ended_sum)}
 
     # ---------------------------------------------------------------- learning

@@ -42,6 +42,7 @@ FINAL_EPISODES = 32
 CANDIDATES = 4
 EVAL_SEED = 12_345
 BEST_OF_4_ALGOS = ("ppo", "sac", "td3", "ppo")
+DEFAULT_MIX = {"ppo": 1.0, "sac": 1.0, "td3": 1.0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,15 +132,18 @@ def score_run(task: Task, method: str, seed: int, snaps: list[Snapshot], env_ste
 
 # ------------------------------------------------------------------ the tournament
 
-def run_tournament(task: Task, seed: int, budget: float, out: Path, threads: int) -> Outcome:
-    """Population 4, PPO:SAC:TD3 = 1:1:1, via ``podracer.train`` on the memory transport."""
+def run_tournament(task: Task, seed: int, budget: float, out: Path, threads: int,
+                   mix: Mapping[str, float] | None = None) -> Outcome:
+    """Population 4 (``mix``, default PPO:SAC:TD3 = 1:1:1) via ``podracer.train`` in memory."""
+    mix = dict(mix or DEFAULT_MIX)
     registry = default_registry()
     exp = default_experiment(task.env).with_overrides({
         "name": f"bench-{task.key}-s{seed}", "pods": 4,
-        "algos": {"ppo": 1, "sac": 1, "td3": 1},
+        "algos": mix,
         "round_budget": {"seconds": task.round_seconds},
         "total_budget": {"seconds": budget}, "eval_episodes": task.eval_episodes,
-        "device": "cpu", "seed": seed, "num_envs": dict(task.num_envs),
+        "device": "cpu", "seed": seed,
+        "num_envs": {k: v for k, v in task.num_envs.items() if k in mix},
     }, registry=registry)
     settings = settings_from_env({}, experiment=exp, device="cpu", torch_threads=threads)
     if out.exists():

@@ -158,7 +158,7 @@ class _Deliveries(Generic[M]):
             raw = self._pending or await _take(self._inbox)
             self._pending = None
             if raw.channel.is_closed:
-                log.debug("dropped stale delivery %s from %s (channel closed, the broker "
+                log.debug("dropped stale delivery %r from %s (channel closed, the broker "
                           "redelivers it)", raw.message_id, self._name)
                 continue
             try:
@@ -168,7 +168,7 @@ class _Deliveries(Generic[M]):
                 self._pending = raw  # not handed out yet: keep it for the next call
                 raise
             except MessageError as exc:
-                log.warning("dead-lettered message %s from %s: %s",
+                log.warning("dead-lettered message %r from %s: %s",
                             raw.message_id or "?", self._name, exc)
                 with suppress(*_BROKER_ERRORS):
                     await raw.reject(requeue=False)
@@ -195,7 +195,7 @@ class _Events:
                 return await decode(raw.body, raw.content_type, blobs=self._blobs,
                                     experiment=self._experiment)
             except MessageError as exc:
-                log.warning("dropped event %s (%s): %s", raw.message_id or "?",
+                log.warning("dropped event %r (%r): %s", raw.message_id or "?",
                             raw.routing_key, exc)
 
 
@@ -410,7 +410,8 @@ class AmqpTransport:
                 missing_since = None  # reconnecting: aio-pika restores consumers after
                 continue
             try:
-                underlay = await asyncio.wait_for(channel.get_underlay_channel(), 1.0)
+                # no wait_for here: on 3.11 it can swallow our own cancellation
+                underlay = await channel.get_underlay_channel()
             except _BROKER_ERRORS:
                 continue
             if tag in cast(aiormq.Channel, underlay).consumers:

@@ -17,6 +17,7 @@ import hashlib
 import logging
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -122,7 +123,11 @@ class FileBlobStore:
         path = self._blobs / sha256[:2] / sha256
         # A digest cannot contain "..", but a planted symlink (shard dir or blob) could
         # still point elsewhere; resolve and insist on staying under the root.
-        if not path.resolve().is_relative_to(self._blobs):
+        try:
+            resolved = path.resolve()
+        except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop (Python < 3.13)
+            raise BlobError(f"sha256: blob {sha256[:12]}... cannot be resolved: {e}") from None
+        if not resolved.is_relative_to(self._blobs):
             raise BlobError(f"sha256: blob {sha256[:12]}... resolves outside the store")
         return path
 
@@ -170,9 +175,14 @@ class FileBlobStore:
         """Read and verify the blob; ``BlobError`` if missing, truncated or corrupted."""
         path = self.path_of(ref.sha256)
         try:
-            with open(path, "rb") as f:
+            # O_NONBLOCK: a FIFO planted at a blob's path must not hang the reader in open()
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            with open(fd, "rb") as f:
+                info = os.fstat(f.fileno())
+                if not stat.S_ISREG(info.st_mode):
+                    raise BlobError(f"blob {ref.sha256[:12]}...: not a regular file")
                 # Compare sizes before reading: a hostile claimed size must not allocate.
-                if os.fstat(f.fileno()).st_size != ref.size:
+                if info.st_size != ref.size:
                     raise BlobError(f"blob {ref.sha256[:12]}...: size differs from the claim "
                                     f"({ref.size} bytes claimed)")
                 data = f.read(ref.size + 1)

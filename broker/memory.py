@@ -186,7 +186,7 @@ class _Consumer:
                 await self.transport.hub.put(self.queue.name, envelope, front=True)
                 raise
             except MessageError as exc:
-                log.warning("dead-lettered message %s from %s: %s",
+                log.warning("dead-lettered message %r from %s: %s",
                             envelope.message_id, self.queue.name, exc)
                 await self.transport.hub.dead_letter(self.queue, envelope)
                 continue
@@ -211,7 +211,7 @@ class _Consumer:
     async def _return(self, envelope: _Envelope) -> None:
         envelope.returns += 1
         if self.queue.dead is not None and envelope.returns > DELIVERY_LIMIT:
-            log.warning("dead-lettered message %s from %s: delivery limit %d reached",
+            log.warning("dead-lettered message %r from %s: delivery limit %d reached",
                         envelope.message_id, self.queue.name, DELIVERY_LIMIT)
             await self.transport.hub.dead_letter(self.queue, envelope)
         else:
@@ -263,7 +263,7 @@ class _Events:
                 return await decode(envelope.body, envelope.content_type, blobs=self._blobs,
                                     experiment=self._experiment)
             except MessageError as exc:
-                log.warning("dropped event %s: %s", envelope.message_id, exc)
+                log.warning("dropped event %r: %s", envelope.message_id, exc)
 
 
 class MemoryTransport:

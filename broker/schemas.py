@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -173,6 +174,20 @@ def _get(data: Mapping[str, Any], name: str, check: Callable[[Any], bool], want:
     return value
 
 
+# Ids and names end up in log lines and database keys: printable ASCII, no spaces or
+# line breaks (a hostile id cannot forge log lines), and short.
+_TOKEN = re.compile(r"[!-~]{1,256}")
+_TOKEN_WANT = "an id of 1-256 printable ASCII characters without spaces"
+
+
+def _is_token(v: Any) -> bool:
+    return isinstance(v, str) and _TOKEN.fullmatch(v) is not None
+
+
+def _is_opt_token(v: Any) -> bool:
+    return v is None or _is_token(v)
+
+
 def _is_str(v: Any) -> bool:
     return isinstance(v, str)
 
@@ -183,10 +198,6 @@ def _is_int(v: Any) -> bool:
 
 def _is_finite(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _is_opt_str(v: Any) -> bool:
-    return v is None or isinstance(v, str)
 
 
 def _is_scalar_map(v: Any) -> bool:
@@ -237,7 +248,7 @@ def _budget(data: Mapping[str, Any]) -> Budget:
 
 _COMMON: dict[str, tuple[Callable[[Any], bool], str]] = {
     "experiment": (_is_str, "a string"),
-    "id": (_is_str, "a string"),
+    "id": (_is_token, _TOKEN_WANT),
     "created": (_is_finite, "a finite number"),
 }
 
@@ -248,12 +259,12 @@ _FIELDS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "hparams": (_is_scalar_map, "a map of finite scalars"),
         "seed": (_is_int, "an integer"),
         "state": (_is_opt_tensor_map, "a map of tensors or nil"),
-        "parent_id": (_is_opt_str, "a string or nil"),
+        "parent_id": (_is_opt_token, _TOKEN_WANT + " or nil"),
         "generation": (_is_int, "an integer"),
     },
     "checkpoint": {
-        "init_id": (_is_str, "a string"),
-        "pod": (_is_str, "a string"),
+        "init_id": (_is_token, _TOKEN_WANT),
+        "pod": (_is_token, _TOKEN_WANT),
         "algorithm": (_is_str, "a string"),
         "env": (_is_str, "a string"),
         "hparams": (_is_scalar_map, "a map of finite scalars"),
@@ -262,32 +273,32 @@ _FIELDS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "score_std": (_is_finite, "a finite number"),
         "env_steps": (_is_int, "an integer"),
         "wall_time": (_is_finite, "a finite number"),
-        "parent_id": (_is_opt_str, "a string or nil"),
+        "parent_id": (_is_opt_token, _TOKEN_WANT + " or nil"),
         "generation": (_is_int, "an integer"),
         "curve": (_is_curve, "a list of [seconds, score, steps]"),
     },
     "heartbeat": {
-        "pod": (_is_str, "a string"),
+        "pod": (_is_token, _TOKEN_WANT),
         "role": (_is_str, "a string"),
         "status": (_is_str, "a string"),
-        "init_id": (_is_opt_str, "a string or nil"),
+        "init_id": (_is_opt_token, _TOKEN_WANT + " or nil"),
         "env_steps": (_is_int, "an integer"),
     },
     "metrics": {
-        "pod": (_is_str, "a string"),
+        "pod": (_is_token, _TOKEN_WANT),
         "values": (_is_float_map, "a map of finite numbers"),
-        "init_id": (_is_opt_str, "a string or nil"),
+        "init_id": (_is_opt_token, _TOKEN_WANT + " or nil"),
         "env_steps": (_is_int, "an integer"),
     },
     "leaderboard_changed": {
-        "best_id": (_is_str, "a string"),
+        "best_id": (_is_token, _TOKEN_WANT),
         "best_score": (_is_finite, "a finite number"),
         "top": (_is_top, "a list of [id, score]"),
         "checkpoints": (_is_int, "an integer"),
         "total_env_steps": (_is_int, "an integer"),
     },
     "stop": {"reason": (_is_str, "a string")},
-    "scale": {"node": (_is_str, "a string"), "pods": (_is_int, "an integer")},
+    "scale": {"node": (_is_token, _TOKEN_WANT), "pods": (_is_int, "an integer")},
 }
 
 KINDS: dict[str, type[Message]] = {
@@ -316,9 +327,11 @@ def from_wire(data: Any, *, expect: type[T] | None = None, experiment: str | Non
         raise SchemaError(f"kind: expected {getattr(expect, 'KIND', expect)}, got {kind}")
     spec = {**_COMMON, **_FIELDS[cls.KIND]}
     kwargs: dict[str, Any] = {"schema": version}
+    # id and created have defaults for senders only: a received message without its id
+    # would get a fresh one at every redelivery and defeat idempotence, so both are required
     optional = {f.name for f in dataclasses.fields(cls)
                 if f.default is not dataclasses.MISSING
-                or f.default_factory is not dataclasses.MISSING}
+                or f.default_factory is not dataclasses.MISSING} - set(_COMMON)
     for name, (check, want) in spec.items():
         if name not in data and name in optional:
             continue

@@ -128,8 +128,14 @@ async def _run(main: Callable[[ServiceContext[S]], Awaitable[int | None]],
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
 
+    signals = 0
+
     def on_signal(signum: int) -> None:
-        if ctx.stopping.is_set() and task is not None:
+        # Count signals, not ``stopping``: a SIGTERM that arrives while the service is
+        # already draining after control.stop is a first signal, not an impatient second.
+        nonlocal signals
+        signals += 1
+        if signals > 1 and task is not None:
             log.warning("%s: second %s, cancelling", ctx.name, signal.Signals(signum).name)
             task.cancel()
             return

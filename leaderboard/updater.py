@@ -32,7 +32,7 @@ from agents.evaluator import evaluate
 from agents.registry import default_registry
 from agents.round import build_agent, resolve_config
 from broker.blobstore import FileBlobStore
-from broker.errors import BrokerError, ConfigError, PodracerError
+from broker.errors import BrokerError, ConfigError, PodracerError, SchemaError
 from broker.schemas import Checkpoint, LeaderboardChanged
 from broker.service import ServiceContext
 from broker.transport import Delivery, Transport, connect
@@ -77,6 +77,31 @@ class CheckpointValidator:
                                 for k, v in agent.state_dict().items()}
         return self._specs[key]
 
+    def _reexported(self, checkpoint: Checkpoint, fresh: TensorSpec) -> TensorSpec:
+        """Names, shapes, dtypes after loading ``state`` into a new agent and saving it.
+
+        ``load_state_dict`` enforces the algorithm's own rules; saving again drops any
+        name it does not know, so an unknown extra tensor still shows as a difference.
+        """
+        state = checkpoint.state
+        missing = sorted(set(fresh) - set(state))
+        if missing:
+            raise ConfigError("state", f"tensor names differ from {checkpoint.algorithm}'s: "
+                              f"missing {missing[:3]}")
+        config = resolve_config(self.registry, checkpoint.algorithm, checkpoint.hparams)
+        env = make_env(self.env, config.num_envs, "cpu")
+        try:
+            agent = build_agent(self.registry, checkpoint.algorithm, checkpoint.hparams, env,
+                                torch.device("cpu"), 0, state)
+        finally:
+            env.close()
+        spec = {k: (tuple(v.shape), v.dtype) for k, v in agent.state_dict().items()}
+        extra = sorted(set(state) - set(spec))
+        if extra:
+            raise ConfigError("state", f"tensor names differ from {checkpoint.algorithm}'s: "
+                              f"unexpected {extra[:3]}")
+        return spec
+
     def check(self, checkpoint: Checkpoint) -> None:
         """``ConfigError`` naming the first problem; returns quietly when it is sound."""
         if checkpoint.env != self.env:
@@ -84,11 +109,11 @@ class CheckpointValidator:
                               f"trains {self.env!r}")
         expected = self._expected(checkpoint.algorithm, checkpoint.hparams)
         state = checkpoint.state
-        missing = sorted(set(expected) - set(state))
-        extra = sorted(set(state) - set(expected))
-        if missing or extra:
-            raise ConfigError("state", f"tensor names differ from {checkpoint.algorithm}'s: "
-                              f"missing {missing[:3]}, unexpected {extra[:3]}")
+        if set(state) != set(expected):
+            # A trained agent can carry tensors a fresh one lacks (Adam moments appear
+            # at the first step; a replay buffer only with checkpoint_replay): ask the
+            # algorithm itself.
+            expected = self._reexported(checkpoint, expected)
         for name, (shape, dtype) in expected.items():
             tensor = state[name]
             if tuple(tensor.shape) != shape or tensor.dtype != dtype:
@@ -145,8 +170,18 @@ class Updater:
         checkpoint = delivery.message
         try:
             new, changed = await asyncio.to_thread(self._accept, checkpoint)
-        except ConfigError as exc:
+        except (ConfigError, SchemaError) as exc:
             await delivery.reject(f"invalid checkpoint {checkpoint.id}: {exc}")
+            return
+        except PodracerError:
+            raise  # the store failed: the caller puts the checkpoint back for a retry
+        except Exception as exc:
+            # Not a store failure but the message itself: hyperparameters whose reference
+            # agent cannot be built, integers SQLite cannot hold... Poison, not a crash.
+            log.debug("traceback", exc_info=True)
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            await delivery.reject(f"invalid checkpoint {checkpoint.id}: "
+                                  f"{type(exc).__name__}: {first}")
             return
         await delivery.ack()
         if not new:

@@ -16,6 +16,10 @@ from envs.registry import make_env
 
 pytestmark = pytest.mark.timeout(180)
 
+# calibrated on seeds 0 and 1: SAC and TD3 pass about -300 by 300 iterations (1200 updates)
+PENDULUM_ITERATIONS = 350
+CARTPOLE_ITERATIONS = 400
+
 
 def _learn(spec: AlgorithmSpec, env_name: str, iterations: int, seed: int = 0
            ) -> tuple[float, float]:
@@ -36,9 +40,9 @@ def _learn(spec: AlgorithmSpec, env_name: str, iterations: int, seed: int = 0
 @pytest.mark.parametrize("spec", [sac.SPEC, td3.SPEC], ids=lambda s: s.name)
 def test_pendulum_return_improves(spec: AlgorithmSpec) -> None:
     before, after = _learn(spec, "torch/Pendulum-v1", iterations=PENDULUM_ITERATIONS)
-    # an untrained policy scores about -1200..-1600; swinging up reaches about -150
-    assert after > before + 500, (before, after)
-    assert after > -700, (before, after)
+    # an untrained policy scores about -1000..-1700; a swing-up policy about -150
+    assert after > before + 400, (before, after)
+    assert after > -600, (before, after)
 
 
 def test_dqn_cartpole_return_improves() -> None:
@@ -47,6 +51,3 @@ def test_dqn_cartpole_return_improves() -> None:
     assert after > before + 60, (before, after)
     assert after > 90, (before, after)
 
-
-PENDULUM_ITERATIONS = 200
-CARTPOLE_ITERATIONS = 400

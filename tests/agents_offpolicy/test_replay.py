@@ -99,3 +99,13 @@ def test_store_step_keeps_final_obs_and_masks_only_termination() -> None:
     assert torch.equal(buf.next_obs[:2], torch.full((2, 3), 9.0))  # ...but learns from final
     assert buf.done[:2].tolist() == [0.0, 1.0]  # truncation bootstraps, termination does not
     assert ended.tolist() == [True, True]
+
+
+def test_loading_into_a_bigger_ring_appends_after_the_saved_rows() -> None:
+    small = _buffer(4)
+    small.add(*_rows(0, 6))  # full ring, pos 2
+    big = _buffer(8)
+    big.load_state_dict(small.state_dict())
+    big.add(*_rows(6, 2))
+    assert (len(big), big.pos) == (6, 6)
+    assert sorted(big.reward[:6].tolist()) == [2, 3, 4, 5, 6, 7]

@@ -66,3 +66,15 @@ def test_should_stop_ends_the_round_but_still_evaluates() -> None:
     assert len(result.curve) == 1
     # the scripted eval episodes (copies 0 and 1, first episodes) pay 0 and 2 * 1
     assert result.score_mean == pytest.approx(1.0)
+
+
+def test_default_registry_has_every_algorithm_with_its_action_kinds() -> None:
+    registry = default_registry()
+    assert registry.names() == ["ddpg", "dqn", "ppo", "sac", "td3"]
+    assert registry.get("ppo").discrete and registry.get("ppo").continuous
+    assert registry.get("dqn").discrete and not registry.get("dqn").continuous
+    cartpole = make_env("torch/CartPole-v1", 8)
+    with pytest.raises(ConfigError, match="sac does not support discrete"):
+        build_agent(registry, "sac", {"num_envs": 8}, cartpole, CPU, 0)
+    agent = build_agent(registry, "ppo", config_to_hparams(SMALL), cartpole, CPU, 0)
+    assert agent.act(torch.zeros(3, 4)).dtype == torch.long

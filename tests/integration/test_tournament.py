@@ -83,6 +83,7 @@ def test_tournament_on_rabbitmq_in_separate_processes(
     # every process stopped with exit code 0: services (returncode above) and pods
     orchestrator_log = (logs / "orchestrator.log").read_text()
     assert "crashed" not in orchestrator_log
+    assert set(re.findall(r"stopped \(exit (-?\d+)\)", orchestrator_log)) <= {"0"}
     for pod_log in pod_logs:
         assert re.search(r"stopped after \d+ rounds", pod_log.read_text()), pod_log.name
     # nothing left behind in the checkpoint queue or its dead-letter queue

@@ -76,6 +76,8 @@ class Cluster:
         self.rng = rng or random.Random(0)
         self.procs: list[Proc] = []
         self._serial: dict[str, int] = {}
+        self.stop_events = 0
+        """How many times ``stop_all`` had to publish ``control.stop``."""
         self._env = {
             **os.environ,
             "PODRACER_BROKER": url,
@@ -115,31 +117,41 @@ class Cluster:
         proc.popen.wait(timeout=30)
         log.info("killed %s", proc.name)
 
-    def victim_pod(self) -> Proc | None:
-        """A live pod, preferably one in the middle of a round (so a round is at stake)."""
-        pods = self.live("pod")
-        busy = [p for p in pods if p.mid_round()]
-        pool = busy or pods
-        return self.rng.choice(pool) if pool else None
+    def victim_pod(self, wait_s: float = 10.0) -> Proc | None:
+        """A live pod in the middle of a round (so a round is at stake), waiting up to
+        ``wait_s`` for one (fresh pods are still importing torch); else any live pod."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            pods = self.live("pod")
+            busy = [p for p in pods if p.mid_round()]
+            if busy or time.monotonic() >= deadline:
+                pool = busy or pods
+                return self.rng.choice(pool) if pool else None
+            time.sleep(0.5)
 
     def crashed(self) -> list[Proc]:
         """Processes that ended by themselves with a non-zero code."""
         return [p for p in self.procs if not p.killed and not p.alive()
                 and p.popen.returncode != 0]
 
-    def stop_all(self, reason: str, timeout: float = 120.0) -> dict[str, int | None]:
-        """Publish ``control.stop``, wait for every live process; their exit codes."""
+    def stop_all(self, reason: str, timeout: float = 120.0,
+                 every_s: float = 5.0) -> dict[str, int | None]:
+        """Publish ``control.stop`` until every live process exits; their exit codes.
+
+        ``control.stop`` is an event, seen only by processes already subscribed: a pod
+        still starting up when it is first published would miss it, so it is repeated
+        every ``every_s`` seconds while anything runs.
+        """
         live = [p for p in self.procs if p.alive()]
-        with SyncClient(self.url, self.experiment.name) as client:
-            client.publish_control(Stop(experiment=self.experiment.name, reason=reason))
         deadline = time.monotonic() + timeout
-        codes: dict[str, int | None] = {}
-        for proc in live:
-            try:
-                codes[proc.name] = proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                codes[proc.name] = None
-        return codes
+        with SyncClient(self.url, self.experiment.name) as client:
+            while any(p.alive() for p in live) and time.monotonic() < deadline:
+                client.publish_control(Stop(experiment=self.experiment.name, reason=reason))
+                self.stop_events += 1
+                until = min(deadline, time.monotonic() + every_s)
+                while any(p.alive() for p in live) and time.monotonic() < until:
+                    time.sleep(0.2)
+        return {p.name: p.popen.poll() for p in live}
 
     def terminate_all(self) -> None:
         """Last resort in ``finally``: SIGKILL whatever still runs."""

@@ -37,8 +37,13 @@ class Ledger:
 
     @property
     def vanished(self) -> set[str]:
-        """Initializations published by the generator and found nowhere."""
-        return self.queued - self.stored - self.in_queue["generator"] - set(self.dead_reasons)
+        """Initializations published by the generator and found nowhere.
+
+        A checkpoint still waiting in the ``updater`` queue accounts for its
+        initialization (same id): the pod acked the round after that publish.
+        """
+        return (self.queued - self.stored - self.in_queue["generator"]
+                - self.in_queue["updater"] - set(self.dead_reasons))
 
     @property
     def lost_checkpoints(self) -> set[str]:

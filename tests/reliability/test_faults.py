@@ -26,6 +26,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -71,8 +72,7 @@ class Faults:
     crashes_outside_window: list[str] = dataclasses.field(default_factory=list)
 
 
-def _wait_for(predicate: object, timeout: float, what: str) -> None:
-    assert callable(predicate)
+def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -153,6 +153,7 @@ def _run(url: str, experiment: str, tmp_path: Path, plan: Plan) -> None:
     ledger.faults = {k: v for k, v in dataclasses.asdict(faults).items()
                      if not isinstance(v, list)}
     ledger.faults["service_crashes"] = len(faults.crashes)
+    ledger.faults["control_stop_publishes"] = cluster.stop_events
     totals = ledger.totals()
     ledger.write(tmp_path / "ledger.json")
     print(f"\nfault ledger ({tmp_path / 'ledger.json'}):\n{json.dumps(totals, indent=2)}")

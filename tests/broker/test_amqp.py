@@ -1,0 +1,145 @@
+"""RabbitMQ-only behaviour: crashes, dropped connections, cancels, big and bad messages."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aio_pika
+import msgpack
+import pika
+import pytest
+from transport_helpers import make_checkpoint, make_init, next_within, wait_depth
+
+from broker.blobstore import FileBlobStore
+from broker.messages import CONTENT_TYPE
+from broker.schemas import Checkpoint, Initialization
+from broker.transport import Transport, connect
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(60)]
+
+
+@pytest.fixture
+async def transport(amqp_url: str, experiment: str, blob_root: Path
+                    ) -> AsyncIterator[Transport]:
+    """A declared AMQP transport with a blob store, closed after the test."""
+    async with connect(amqp_url, experiment=experiment, blobs=FileBlobStore(blob_root)) as t:
+        yield t
+
+
+CONSUMER = textwrap.dedent("""
+    import asyncio, sys
+    from broker.schemas import Initialization
+    from broker.transport import connect
+
+    async def main() -> None:
+        async with connect(sys.argv[1], experiment=sys.argv[2]) as t:
+            async with t.consume("generator", prefetch=1, expect=Initialization) as inbox:
+                async for delivery in inbox:
+                    print("got", delivery.message.id, flush=True)
+                    await asyncio.sleep(3600)  # "training": killed before the ack
+
+    asyncio.run(main())
+""")
+
+
+async def test_killed_consumer_message_is_redelivered(
+        transport: Transport, amqp_url: str, experiment: str) -> None:
+    sent = make_init(experiment, seed=3)
+    await transport.publish("generator", sent)
+    proc = subprocess.Popen([sys.executable, "-c", CONSUMER, amqp_url, experiment],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)
+        assert line.split() == ["got", sent.id]
+    finally:
+        proc.kill()  # SIGKILL mid-message: no ack, no clean close
+        proc.wait()
+    async with transport.consume("generator", prefetch=1, expect=Initialization) as inbox:
+        again = await next_within(inbox, 20)
+        assert again.message.id == sent.id
+        assert again.redelivered
+        await again.ack()
+
+
+async def test_close_all_connections_consumers_and_publishers_resume(
+        transport: Transport, experiment: str) -> None:
+    async with transport.consume("generator", prefetch=1, expect=Initialization) as inbox:
+        await transport.publish("generator", make_init(experiment, seed=1))
+        first = await next_within(inbox)
+        await first.ack()
+        subprocess.run(["rabbitmqctl", "close_all_connections", "test"], check=True,
+                       capture_output=True, timeout=30)
+        sent = make_init(experiment, seed=2)
+        await transport.publish("generator", sent)  # retries until reconnected
+        delivery = await next_within(inbox, 30)
+        assert delivery.message.id == sent.id
+        await delivery.ack()
+
+
+async def test_cancelled_consumer_is_restored(
+        transport: Transport, amqp_url: str, experiment: str) -> None:
+    async with transport.consume("generator", prefetch=1, expect=Initialization) as inbox:
+        assert (await transport.queue_depth("generator"))[1] == 1
+        # deleting the queue makes the server send basic.cancel to our consumer
+        with pika.BlockingConnection(pika.URLParameters(amqp_url)) as conn:
+            conn.channel().queue_delete(transport.topology.generator)
+        sent = make_init(experiment, seed=5)
+        await transport.publish("generator", sent)  # unroutable until re-declared: retried
+        delivery = await next_within(inbox, 30)
+        assert delivery.message.id == sent.id
+        await delivery.ack()
+        assert (await transport.queue_depth("generator"))[1] == 1
+
+
+async def test_twenty_mib_payload_goes_through_the_blob_store(
+        transport: Transport, experiment: str, blob_root: Path) -> None:
+    sent = make_checkpoint(experiment, state_bytes=20 * 1024 * 1024)
+    await transport.publish("updater", sent)
+    assert any(p.is_file() for p in blob_root.rglob("*"))  # claim-checked, not inline
+    async with transport.consume("updater", prefetch=1, expect=Checkpoint) as inbox:
+        delivery = await next_within(inbox, 30)
+        assert delivery.message.id == sent.id
+        assert delivery.message.state["w"].shape == sent.state["w"].shape
+        assert bool((delivery.message.state["w"] == 1).all())
+        await delivery.ack()
+
+
+def _raw_bodies(experiment: str) -> list[tuple[str, bytes, str]]:
+    good = make_init(experiment).to_wire()
+    return [
+        ("malformed", b"\xc1\xff not msgpack", CONTENT_TYPE),
+        ("schema", msgpack.packb({**good, "schema": 99}), CONTENT_TYPE),
+        ("ctype", msgpack.packb(good), "application/json"),
+    ]
+
+
+@pytest.mark.parametrize("case", ["malformed", "schema", "ctype"])
+async def test_poison_messages_are_dead_lettered_with_one_log_line(
+        transport: Transport, amqp_url: str, experiment: str, case: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    name, body, content_type = next(c for c in _raw_bodies(experiment) if c[0] == case)
+    raw_id = f"poison-{name}"
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        await channel.default_exchange.publish(
+            aio_pika.Message(body, content_type=content_type, message_id=raw_id),
+            routing_key=transport.topology.generator)
+    good = make_init(experiment, seed=9)
+    with caplog.at_level(logging.WARNING, logger="broker"):
+        await transport.publish("generator", good)
+        async with transport.consume("generator", prefetch=1, expect=Initialization) as inbox:
+            delivery = await next_within(inbox)  # the consumer lived on past the poison
+            assert delivery.message.id == good.id
+            await delivery.ack()
+    assert await wait_depth(transport, "generator.dead", 1) == 1
+    lines = [r for r in caplog.records if raw_id in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    assert "dead-lettered" in lines[0].getMessage()
