@@ -57,7 +57,12 @@ from broker.transport import connect
 from envs.registry import make_env
 from leaderboard.store import LeaderboardStore
 from podracer.experiment import Experiment
-from podracer.settings import default_experiment, read_experiment, write_experiment
+from podracer.settings import (
+    configure_logging,
+    default_experiment,
+    read_experiment,
+    write_experiment,
+)
 
 ENV = "torch/Pendulum-v1"
 Spec = dict[str, tuple[tuple[int, ...], torch.dtype]]
@@ -182,6 +187,7 @@ async def _worker(args: argparse.Namespace) -> list[PodStats]:
 def worker_main(args: argparse.Namespace) -> int:
     """Entry of one stand-in worker process: write its pods' stats to ``args.out``."""
     torch.set_num_threads(1)
+    configure_logging("WARNING")
     stats = asyncio.run(_worker(args))
     Path(args.out).write_text(json.dumps([dataclasses.asdict(s) for s in stats]))
     return 0

@@ -1,0 +1,140 @@
+"""docker-compose.yml ships no default credentials and exposes nothing beyond localhost."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
+REQUIRED = re.compile(r"\$\{(?P<var>[A-Z][A-Z0-9_]*):\?[^}]+\}")
+"""``${VAR:?message}``: compose refuses to start when VAR is unset or empty."""
+WITH_DEFAULT = re.compile(r"\$\{(?P<var>[A-Z][A-Z0-9_]*):?-(?P<default>[^}]*)\}")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    """The parsed compose file (anchors and merges resolved by the YAML loader)."""
+    data: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    return data
+
+
+def strings(node: Any) -> Iterator[str]:
+    """Every string (keys and values) anywhere in a parsed YAML tree."""
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            yield from strings(key)
+            yield from strings(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from strings(item)
+
+
+def environment(service: dict[str, Any]) -> dict[str, str]:
+    """A service's environment as a map (compose allows a list of ``K=V`` too)."""
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        return dict(item.split("=", 1) for item in env)
+    return {str(k): str(v) for k, v in env.items()}
+
+
+def test_broker_credentials_come_from_required_variables(compose: dict[str, Any]) -> None:
+    env = environment(compose["services"]["rabbitmq"])
+    for name in ("RABBITMQ_DEFAULT_USER", "RABBITMQ_DEFAULT_PASS"):
+        assert name in env, f"{name} must be set explicitly (the image defaults to guest)"
+        assert REQUIRED.fullmatch(env[name]), f"{name}={env[name]!r} is not ${{VAR:?...}}"
+
+
+def test_services_reach_the_broker_with_the_same_required_credentials(
+    compose: dict[str, Any],
+) -> None:
+    for name, service in compose["services"].items():
+        url = environment(service).get("PODRACER_BROKER")
+        if url is None:
+            continue
+        match = re.fullmatch(r"amqps?://(?P<user>[^:@]+):(?P<password>[^@]+)@.+", url)
+        assert match, f"{name}: PODRACER_BROKER {url!r} carries no credentials"
+        assert REQUIRED.fullmatch(match["user"]), (name, match["user"])
+        assert REQUIRED.fullmatch(match["password"]), (name, match["password"])
+
+
+def test_no_guest_account_or_literal_password_anywhere(compose: dict[str, Any]) -> None:
+    text = " ".join(strings(compose)).lower()
+    assert "guest" not in text
+    for value in strings(compose):
+        # a default after ":-" must never be a credential
+        for found in WITH_DEFAULT.finditer(value):
+            assert not re.search(r"USER|PASS|SECRET|TOKEN|COOKIE", found["var"]), found[0]
+
+
+def published_ports(service: dict[str, Any]) -> list[str]:
+    """The short-syntax port mappings of a service (the long syntax is not used here)."""
+    ports = service.get("ports") or []
+    assert all(isinstance(p, str) for p in ports), "use the short syntax HOST_IP:HOST:CONTAINER"
+    return list(ports)
+
+
+def default_host_ip(mapping: str) -> str:
+    """The host address a short port mapping binds to when no variable is set."""
+    resolved = WITH_DEFAULT.sub(lambda m: m["default"], mapping)
+    parts = resolved.split(":")
+    return parts[0] if len(parts) == 3 else "0.0.0.0"
+
+
+def test_management_and_amqp_ports_bind_to_localhost_by_default(
+    compose: dict[str, Any],
+) -> None:
+    seen = {}
+    for name, service in compose["services"].items():
+        for mapping in published_ports(service):
+            container_port = mapping.rsplit(":", 1)[-1]
+            seen[container_port] = name
+            assert default_host_ip(mapping) == "127.0.0.1", f"{name}: {mapping}"
+    assert seen.get("15672") == "rabbitmq"  # the management UI is published, on localhost
+
+
+@pytest.fixture
+def compose_cli() -> str:
+    """The docker-compose binary (CI installs it); skipped where it is absent."""
+    found = shutil.which("docker-compose")
+    if found is None:
+        pytest.skip("docker-compose is not installed")
+    return found
+
+
+def run_config(cli: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``docker-compose config`` of the project file with exactly ``env`` (plus PATH)."""
+    clean = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), **env}
+    return subprocess.run([cli, "-f", str(COMPOSE), "config"], capture_output=True,
+                          text=True, env=clean, timeout=60, check=False)
+
+
+def test_compose_refuses_to_start_without_credentials(compose_cli: str) -> None:
+    missing = run_config(compose_cli, {})
+    assert missing.returncode != 0
+    assert "PODRACER_RABBITMQ_USER" in missing.stderr + missing.stdout
+    no_password = run_config(compose_cli, {"PODRACER_RABBITMQ_USER": "ops"})
+    assert no_password.returncode != 0
+    assert "PODRACER_RABBITMQ_PASSWORD" in no_password.stderr + no_password.stdout
+
+
+def test_compose_config_binds_published_ports_to_localhost(compose_cli: str) -> None:
+    done = run_config(compose_cli, {"PODRACER_RABBITMQ_USER": "ops",
+                                    "PODRACER_RABBITMQ_PASSWORD": "s3cret-for-test"})
+    assert done.returncode == 0, done.stderr
+    config = yaml.safe_load(done.stdout)
+    ports = config["services"]["rabbitmq"]["ports"]
+    published = {str(p["target"]): p.get("host_ip") for p in ports}
+    assert published == {"15672": "127.0.0.1", "5672": "127.0.0.1"}
+    env = config["services"]["rabbitmq"]["environment"]
+    assert env["RABBITMQ_DEFAULT_USER"] == "ops"
+    assert env["RABBITMQ_DEFAULT_PASS"] == "s3cret-for-test"
