@@ -6,7 +6,10 @@ Both sides send persistent messages with publisher confirms to a durable quorum 
 Podracer side sends a ``Checkpoint`` whose tensor payload has that size, through
 ``encode_message``/``decode_message`` (msgpack + tensor ext, schema validation).
 The 4 MiB case is run inline (inline limit raised to 8 MiB) and, separately, through the
-claim check (default 4 MiB limit: the body goes to a FileBlobStore in a temp dir).
+claim check (default 4 MiB limit: the body goes to a FileBlobStore in a temp dir; every
+message carries the same tensor, so the content-addressed store writes it only once and
+that row flatters the claim check). Cases are interleaved ``--repeat`` times and the best
+round of each is printed, because a shared machine is noisy.
 
     python benchmarks/broker.py [--url amqp://guest:guest@127.0.0.1:5672/]
 """
@@ -148,24 +151,36 @@ async def main() -> None:
     """Run every case once and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="amqp://guest:guest@127.0.0.1:5672/")
-    parser.add_argument("--small", type=int, default=2000, help="messages of 1 KiB")
-    parser.add_argument("--large", type=int, default=40, help="messages of 4 MiB")
+    parser.add_argument("--small", type=int, default=3000, help="messages of 1 KiB")
+    parser.add_argument("--large", type=int, default=80, help="messages of 4 MiB")
     parser.add_argument("--window", type=int, default=32, help="publishes in flight")
     parser.add_argument("--prefetch", type=int, default=16)
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="interleaved rounds; the best round of each case is shown")
     args = parser.parse_args()
     print(f"{'case':<28} {'msgs':>6} {'pub s':>8} {'cons s':>8} {'msg/s':>9} {'MiB/s':>8} "
           f"{'vs raw':>7}")
     for size, count in ((1024, args.small), (4 * MIB, args.large)):
         tag = "1 KiB" if size == 1024 else "4 MiB"
-        raw = await bench_raw(args.url, size, count, args.window, args.prefetch)
-        print(_row(f"raw aio-pika {tag}", raw, None))
-        ours = await bench_podracer(args.url, size, count, args.window, args.prefetch,
-                                    inline_limit=max(DEFAULT_INLINE_LIMIT, 2 * size))
-        print(_row(f"podracer {tag}", ours, raw))
-        if size > 1024:
-            claim = await bench_podracer(args.url, size, count, args.window, args.prefetch,
-                                         inline_limit=DEFAULT_INLINE_LIMIT)
-            print(_row(f"podracer {tag} claim check", claim, raw))
+        # a shared machine is noisy: interleave the cases and keep each one's best round
+        best: dict[str, Result] = {}
+        for _ in range(args.repeat):
+            rounds = {
+                "raw": bench_raw(args.url, size, count, args.window, args.prefetch),
+                "inline": bench_podracer(args.url, size, count, args.window, args.prefetch,
+                                         inline_limit=max(DEFAULT_INLINE_LIMIT, 2 * size)),
+            }
+            if size > 1024:
+                rounds["claim"] = bench_podracer(args.url, size, count, args.window,
+                                                 args.prefetch, inline_limit=DEFAULT_INLINE_LIMIT)
+            for key, run in rounds.items():
+                result = await run
+                if key not in best or result.rate()[0] > best[key].rate()[0]:
+                    best[key] = result
+        print(_row(f"raw aio-pika {tag}", best["raw"], None))
+        print(_row(f"podracer {tag}", best["inline"], best["raw"]))
+        if "claim" in best:
+            print(_row(f"podracer {tag} claim check", best["claim"], best["raw"]))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,10 @@ Prints two tables:
    explore / bare (target >= 0.9); ``cpu ratio`` is the same by process CPU time,
    steadier on a shared machine (with one thread).
 
+On a shared machine, compare runs at similar load (printed in the header): with more
+runnable threads than cores, ``--threads 2`` is many times slower than ``--threads 1``
+(each op waits for its slowest OpenMP thread).
+
 Reference (SB3 + RL Zoo tuned, this 2-core CPU): -200 in ~13 s (PPO, 24.6k steps),
 ~60 s (SAC), ~64 s (TD3).
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -138,8 +143,10 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
     algos = [a for a in args.algos.split(",") if a]
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"torch {torch.__version__}, {args.threads} threads, env {ENV}, target "
-          f"{args.target:g} over 32 eval episodes")
+          f"{args.target:g} over 32 eval episodes; load average {load} on "
+          f"{os.cpu_count()} cores")
     if not args.skip_race:
         print(f"{'algo':6} {'seed':>4} {'reached':>7} {'train s':>8} {'wall s':>7} "
               f"{'env steps':>10} {'steps/s':>9} {'best':>8}")

@@ -7,13 +7,14 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from transport_helpers import make_init, next_within, nothing_within, wait_depth
 
 from broker.blobstore import FileBlobStore
 from broker.errors import ConfigError
 from broker.memory import MemoryBroker
 from broker.schemas import Heartbeat, Initialization, Stop
+from broker.topology import DELIVERY_LIMIT
 from broker.transport import Transport, connect, topic_matches
-from transport_helpers import make_init, next_within, nothing_within, wait_depth
 
 Factory = Callable[[], Transport]
 pytestmark = pytest.mark.timeout(60)
@@ -48,7 +49,8 @@ async def test_publish_consume_ack(make: Factory, experiment: str) -> None:
             assert delivery.message.id == sent.id
             assert delivery.message.seed == 7
             assert delivery.message.state is not None
-            assert delivery.message.state["w"].tolist() == sent.state["w"].tolist()  # type: ignore[index]
+            assert sent.state is not None
+            assert delivery.message.state["w"].tolist() == sent.state["w"].tolist()
             assert not delivery.redelivered
             await delivery.ack()
         assert await wait_depth(t, "generator", 0) == 0
@@ -203,3 +205,20 @@ def test_connect_rejects_unknown_scheme() -> None:
 ])
 def test_topic_matching(pattern: str, key: str, match: bool) -> None:
     assert topic_matches(pattern, key) is match
+
+
+async def test_delivery_limit_dead_letters_a_message_nacked_forever(
+        make: Factory, experiment: str) -> None:
+    async with make() as t:
+        await t.publish("generator", make_init(experiment))
+        deliveries = 0
+        async with t.consume("generator", prefetch=1, expect=Initialization) as inbox:
+            while deliveries <= DELIVERY_LIMIT + 2:
+                try:
+                    delivery = await next_within(inbox, 1.0)
+                except TimeoutError:
+                    break
+                deliveries += 1
+                await delivery.nack()
+        assert deliveries == DELIVERY_LIMIT + 1
+        assert await wait_depth(t, "generator.dead", 1) == 1

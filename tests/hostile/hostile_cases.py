@@ -142,6 +142,9 @@ def hostile_bodies(wire: dict[str, Any], other_kind: str, blobs: FileBlobStore,
     good = packb(wire)
     rng = random.Random(rng_seed)
     present = blobs.put(b"a real blob, but not the size the claim says")
+    inner_other = blobs.put(packb(_with(wire, experiment="someone-else")))
+    inner_garbage = blobs.put(rng.randbytes(4096))
+    inner_claim = blobs.put(_claim(present.uri, present.sha256, present.size, wire))
     hexdigest = "ab" * 32
     cases = [
         Case("empty", b""),
@@ -198,6 +201,13 @@ def hostile_bodies(wire: dict[str, Any], other_kind: str, blobs: FileBlobStore,
         Case("claim-not-a-map", packb({"claim": "blob", **{k: wire[k] for k in ("kind", "id")}}),
              CLAIM_CONTENT_TYPE),
         Case("claim-garbage", b"\xc1\xc1", CLAIM_CONTENT_TYPE),
+        # claims whose blob is really there, with a bad message inside
+        Case("claim-inner-wrong-experiment", _claim(inner_other.uri, inner_other.sha256,
+                                                    inner_other.size, wire), CLAIM_CONTENT_TYPE),
+        Case("claim-inner-garbage", _claim(inner_garbage.uri, inner_garbage.sha256,
+                                           inner_garbage.size, wire), CLAIM_CONTENT_TYPE),
+        Case("claim-of-a-claim", _claim(inner_claim.uri, inner_claim.sha256, inner_claim.size,
+                                        wire), CLAIM_CONTENT_TYPE),
     ]
     for name, state in _tensor_cases(wire):
         cases.append(Case(name, packb(_with(wire, state=state))))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ class Services:
     rig: Rig
     settings: Settings
 
-    def start(self, main: Callable[[ServiceContext[Settings]], Awaitable[Any]],
+    def start(self, main: Callable[[ServiceContext[Settings]], Coroutine[Any, Any, Any]],
               name: str) -> tuple[ServiceContext[Settings], asyncio.Task[Any]]:
         ctx = ServiceContext(dataclasses.replace(self.settings, name=name), name)
         return ctx, asyncio.create_task(main(ctx))
@@ -179,6 +179,8 @@ async def test_updater_survives_hostile_checkpoints_and_stores_replays_once(
         checkpoint(exp, state, env_steps=2**64 - 1),  # SQLite INTEGER is 64-bit signed
         checkpoint(exp, state, generation=2**63),
         checkpoint(exp, {**state, "rng": torch.zeros(3, dtype=torch.uint8)}),
+        checkpoint(exp, {k: v.double() if v.is_floating_point() else v
+                         for k, v in state.items()}),  # right shapes, wrong dtype
         checkpoint(exp, state, algorithm="rm-rf"),
     ]
     with caplog.at_level(logging.WARNING):

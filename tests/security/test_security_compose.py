@@ -61,7 +61,8 @@ def test_services_reach_the_broker_with_the_same_required_credentials(
         url = environment(service).get("PODRACER_BROKER")
         if url is None:
             continue
-        match = re.fullmatch(r"amqps?://(?P<user>[^:@]+):(?P<password>[^@]+)@.+", url)
+        match = re.fullmatch(r"amqps?://(?P<user>\$\{[^}]*\}|[^:@]*)"
+                             r":(?P<password>\$\{[^}]*\}|[^@]*)@.+", url)
         assert match, f"{name}: PODRACER_BROKER {url!r} carries no credentials"
         assert REQUIRED.fullmatch(match["user"]), (name, match["user"])
         assert REQUIRED.fullmatch(match["password"]), (name, match["password"])
@@ -132,8 +133,13 @@ def test_compose_config_binds_published_ports_to_localhost(compose_cli: str) -> 
                                     "PODRACER_RABBITMQ_PASSWORD": "s3cret-for-test"})
     assert done.returncode == 0, done.stderr
     config = yaml.safe_load(done.stdout)
-    ports = config["services"]["rabbitmq"]["ports"]
-    published = {str(p["target"]): p.get("host_ip") for p in ports}
+    published = {}
+    for port in config["services"]["rabbitmq"]["ports"]:
+        if isinstance(port, dict):  # compose v2 prints the long syntax
+            published[str(port["target"])] = port.get("host_ip")
+        else:  # docker-compose 1.x: "127.0.0.1:15672:15672/tcp"
+            host_ip, _, target = port.split("/")[0].split(":")
+            published[target] = host_ip
     assert published == {"15672": "127.0.0.1", "5672": "127.0.0.1"}
     env = config["services"]["rabbitmq"]["environment"]
     assert env["RABBITMQ_DEFAULT_USER"] == "ops"
