@@ -30,7 +30,7 @@ import os
 import ssl
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -103,6 +103,7 @@ class AmqpDelivery(Generic[M]):
         self._raw = raw
         self._message = message
         self._queue = queue
+        self._settled = False
 
     @property
     def message(self) -> M:
@@ -114,9 +115,12 @@ class AmqpDelivery(Generic[M]):
         """True if RabbitMQ delivered this message before."""
         return bool(self._raw.redelivered)
 
-    async def _settle(self, what: str, action: Any) -> None:
+    async def _settle(self, what: str, action: Callable[[], Awaitable[None]]) -> None:
+        if self._settled:
+            raise RuntimeError("delivery settled twice (ack/nack/reject once per delivery)")
+        self._settled = True
         try:
-            await action
+            await action()
         except _BROKER_ERRORS as exc:
             # The channel died under us: the broker requeues the message by itself, and
             # idempotent handlers make the redelivery harmless. Raising would only crash
@@ -126,16 +130,16 @@ class AmqpDelivery(Generic[M]):
 
     async def ack(self) -> None:
         """Forget the message."""
-        await self._settle("ack", self._raw.ack())
+        await self._settle("ack", self._raw.ack)
 
     async def nack(self, requeue: bool = True) -> None:
         """Put the message back (``requeue=False``: dead-letter it)."""
-        await self._settle("nack", self._raw.nack(requeue=requeue))
+        await self._settle("nack", lambda: self._raw.nack(requeue=requeue))
 
     async def reject(self, reason: str) -> None:
         """Dead-letter the message and log ``reason`` once."""
         log.warning("rejected message %s from %s: %s", self._message.id, self._queue, reason)
-        await self._settle("reject", self._raw.reject(requeue=False))
+        await self._settle("reject", lambda: self._raw.reject(requeue=False))
 
 
 class _Deliveries(Generic[M]):

@@ -38,6 +38,10 @@ Contract (both transports, proven by ``tests/broker/test_contract.py``):
   after it subscribed; undecodable events are dropped with one warning line.
 - Broker failures surface only as ``broker.errors.BrokerError`` subclasses
   (``ConnectionClosed``, ``PublishError``); bad arguments as ``ConfigError``.
+- Iterators from ``consume``/``subscribe`` are safe to cancel while waiting
+  (``asyncio.wait_for(anext(inbox), t)`` or ``ServiceContext.until_stopping``): a
+  message being fetched is kept, not lost. Settling a delivery twice is a
+  programming error (``RuntimeError``).
 - Nothing touches the network until the first awaited call. ``declare`` is
   idempotent; ``close`` is idempotent. ``async with`` declares on entry and closes on
   exit.

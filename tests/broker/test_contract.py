@@ -222,3 +222,13 @@ async def test_delivery_limit_dead_letters_a_message_nacked_forever(
                 await delivery.nack()
         assert deliveries == DELIVERY_LIMIT + 1
         assert await wait_depth(t, "generator.dead", 1) == 1
+
+
+async def test_settling_twice_is_a_programming_error(make: Factory, experiment: str) -> None:
+    async with make() as t:
+        await t.publish("generator", make_init(experiment))
+        async with t.consume("generator", prefetch=1, expect=Initialization) as inbox:
+            delivery = await next_within(inbox)
+            await delivery.ack()
+            with pytest.raises(RuntimeError, match="twice"):
+                await delivery.nack()
