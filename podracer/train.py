@@ -153,8 +153,11 @@ async def _processes(settings: Settings, monitor: Monitor, out: Path) -> int:
 def train(settings: Settings, out: Path, *, progress: bool = True) -> TrainResult:
     """Run a tournament to its stop condition; write ``out`` (see the module doc)."""
     out.mkdir(parents=True, exist_ok=True)
-    settings = dataclasses.replace(settings, store=out)
     exp = settings.experiment
+    # Pods sharing a CPU must not each spin a full-width OpenMP pool: oversubscribed,
+    # small batched ops get orders of magnitude slower.
+    threads = settings.torch_threads or max(1, (os.cpu_count() or 1) // exp.pods)
+    settings = dataclasses.replace(settings, store=out, torch_threads=threads)
     print(f"podracer: training {', '.join(exp.algos)} on {exp.env} with {exp.pods} pods "
           f"({'embedded' if settings.broker.startswith('memory') else redact(settings.broker)})"
           f"; target {exp.target_score}; writing {out}", flush=True)
