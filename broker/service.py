@@ -160,6 +160,9 @@ async def _run(main: Callable[[ServiceContext[S]], Awaitable[int | None]],
         return 1
     finally:
         await ctx.close()
+        # Keep catching signals until the loop closes: a SIGTERM that arrives while
+        # asyncio.run tears down (a scaler stopping a pod that already obeyed
+        # control.stop) must not kill the process with -15 after a clean stop.
         for signum in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(signum)
+                loop.add_signal_handler(signum, log.debug, "%s: already stopping", ctx.name)

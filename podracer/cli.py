@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,13 @@ def _serve_settings(args: argparse.Namespace, role: str) -> Settings:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run one service until control.stop or SIGTERM."""
+    code = _serve(args)
+    # the service has stopped cleanly; a late SIGTERM must not turn exit 0 into -15
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return code
+
+
+def _serve(args: argparse.Namespace) -> int:
     from broker.service import run_service
 
     settings = _serve_settings(args, args.role)
