@@ -32,7 +32,7 @@ from agents.registry import default_registry
 from agents.round import Progress, RoundResult, build_agent, resolve_config, train_round
 from broker.blobstore import FileBlobStore
 from broker.errors import BrokerError, ConfigError, PodracerError
-from broker.schemas import Checkpoint, Initialization, Metrics
+from broker.schemas import Budget, Checkpoint, Initialization, Metrics
 from broker.service import ServiceContext
 from broker.transport import Delivery, Transport, connect
 from envs.registry import make_env
@@ -43,6 +43,15 @@ log = logging.getLogger(__name__)
 
 METRICS_EVERY_S = 2.0
 """Seconds between two ``metrics.<pod>`` events while training."""
+MAX_ROUND_S = 25 * 60.0
+"""A round never trains longer: RabbitMQ closes a channel whose delivery stays unacked
+past ``consumer_timeout`` (30 min by default), which would redeliver the round forever."""
+
+
+def capped(budget: Budget) -> Budget:
+    """``budget`` with its seconds capped at ``MAX_ROUND_S`` (a steps-only budget too)."""
+    seconds = MAX_ROUND_S if budget.seconds is None else min(budget.seconds, MAX_ROUND_S)
+    return Budget(steps=budget.steps, seconds=seconds)
 
 
 @dataclasses.dataclass
@@ -98,7 +107,7 @@ class Pod:
                 with contextlib.suppress(RuntimeError):  # loop closing: drop the report
                     loop.call_soon_threadsafe(self._offer, progress)
 
-        return train_round(job.agent, job.env, job.eval_env, job.init.budget,
+        return train_round(job.agent, job.env, job.eval_env, capped(job.init.budget),
                            on_progress=report, should_stop=self.ctx.stopping.is_set,
                            eval_episodes=self.ctx.settings.experiment.eval_episodes)
 
