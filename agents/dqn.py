@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agents.base import AlgorithmSpec, SearchDim
+from agents.base import AlgorithmSpec, SearchDim, check_sizes
 from agents.networks import HIDDEN_GAIN, flat_dim, mlp, orthogonal_init
 from agents.replay import (
     Batch,
@@ -105,12 +105,13 @@ class DQNConfig:
     """Put the replay buffer in state_dict (big checkpoints, but exact resumption)."""
 
     def __post_init__(self) -> None:
-        check_positive(self, "num_envs", "steps_per_iter", "updates_per_iter", "batch_size",
-                       "buffer_size", "lr", "epsilon_decay_steps", "target_update_interval",
-                       "target_tau", "max_grad_norm", "hidden_size", "hidden_layers")
+        check_sizes(self)
+        check_positive(self, "lr", "epsilon_decay_steps", "target_update_interval",
+                       "target_tau", "max_grad_norm")
         check_unit(self, "gamma", "epsilon_start", "epsilon_end", "target_tau")
         if self.learning_starts < 0:
-            raise ConfigError("learning_starts", f"must be >= 0, got {self.learning_starts}")
+            raise ConfigError("hparams.learning_starts",
+                              f"must be >= 0, got {self.learning_starts}")
 
 
 class QNetwork(nn.Module):

@@ -26,7 +26,7 @@ import gymnasium
 import torch
 from torch import nn
 
-from agents.base import AlgorithmSpec, SearchDim
+from agents.base import AlgorithmSpec, SearchDim, check_sizes
 from agents.networks import RunningMeanStd, adam_state_tensors, copy_state, flat_dim, mlp
 from agents.rollout import Rollout, finished_returns, gae
 from broker.errors import ConfigError
@@ -35,6 +35,8 @@ from envs.base import VecEnv
 log = logging.getLogger(__name__)
 
 LOG_2PI = math.log(2.0 * math.pi)
+MAX_ROLLOUT_SAMPLES = 2**22
+"""Cap on ``num_envs * rollout_steps``: the rollout is preallocated as ``[T, N, ...]``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,10 +93,13 @@ class PPOConfig:
     })
 
     def __post_init__(self) -> None:
-        for name in ("num_envs", "rollout_steps", "update_epochs", "num_minibatches",
-                     "hidden_size", "hidden_layers"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"hparams.{name}", f"must be >= 1, got {getattr(self, name)}")
+        check_sizes(self)
+        samples = self.num_envs * self.rollout_steps
+        if samples > MAX_ROLLOUT_SAMPLES:
+            raise ConfigError("hparams.rollout_steps",
+                              f"num_envs * rollout_steps = {samples} exceeds "
+                              f"{MAX_ROLLOUT_SAMPLES} samples per rollout",
+                              "lower rollout_steps or num_envs")
         for name in ("lr", "clip_coef", "max_grad_norm", "reward_scale"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"hparams.{name}", f"must be > 0, got {getattr(self, name)}")

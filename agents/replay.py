@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,6 +27,10 @@ from broker.errors import ConfigError
 from envs.base import VecEnv
 
 StateDict = dict[str, torch.Tensor]
+
+MAX_REPLAY_BYTES = 8 * 2**30
+"""Default cap on a replay buffer's preallocated memory (obs, next obs, action, reward,
+done rows)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,9 +56,20 @@ class ReplayBuffer:
         action_shape: Sequence[int],
         device: torch.device,
         action_dtype: torch.dtype = torch.float32,
+        max_bytes: int = MAX_REPLAY_BYTES,
     ) -> None:
         if capacity <= 0:
-            raise ConfigError("buffer_size", f"must be > 0, got {capacity}")
+            raise ConfigError("hparams.buffer_size", f"must be > 0, got {capacity}")
+        # checked before allocating: buffer_size comes from broker messages, and the
+        # obs/action sizes that multiply it are only known here
+        row = (2 * math.prod(obs_shape) * 4 + math.prod(action_shape) * action_dtype.itemsize
+               + 2 * 4)
+        if capacity * row > max_bytes:
+            raise ConfigError("hparams.buffer_size",
+                              f"{capacity} transitions of {row} bytes need "
+                              f"{capacity * row / 2**30:.1f} GiB, over the "
+                              f"{max_bytes / 2**30:.1f} GiB replay cap",
+                              f"lower buffer_size to at most {max_bytes // row}")
         self.capacity = capacity
         self.device = device
         self.pos = 0
@@ -282,7 +298,7 @@ def check_positive(config: Any, *names: str) -> None:
     for name in names:
         value = getattr(config, name)
         if not value > 0:
-            raise ConfigError(name, f"must be > 0, got {value!r}",
+            raise ConfigError(f"hparams.{name}", f"must be > 0, got {value!r}",
                               f"set {name} to a positive value")
 
 
@@ -291,4 +307,5 @@ def check_unit(config: Any, *names: str) -> None:
     for name in names:
         value = getattr(config, name)
         if not 0.0 <= value <= 1.0:
-            raise ConfigError(name, f"must be within [0, 1], got {value!r}", "pick a fraction")
+            raise ConfigError(f"hparams.{name}", f"must be within [0, 1], got {value!r}",
+                              "pick a fraction")

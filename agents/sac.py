@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agents.base import AlgorithmSpec, SearchDim
+from agents.base import AlgorithmSpec, SearchDim, check_sizes
 from agents.networks import flat_dim, mlp
 from agents.replay import (
     Batch,
@@ -103,12 +103,12 @@ class SACConfig:
     """Put the replay buffer in state_dict (big checkpoints, but exact resumption)."""
 
     def __post_init__(self) -> None:
-        check_positive(self, "num_envs", "steps_per_iter", "updates_per_iter", "batch_size",
-                       "buffer_size", "tau", "actor_lr", "critic_lr", "alpha_lr", "init_alpha",
-                       "hidden_size", "hidden_layers")
+        check_sizes(self)
+        check_positive(self, "tau", "actor_lr", "critic_lr", "alpha_lr", "init_alpha")
         check_unit(self, "gamma", "tau")
         if self.learning_starts < 0:
-            raise ConfigError("learning_starts", f"must be >= 0, got {self.learning_starts}")
+            raise ConfigError("hparams.learning_starts",
+                              f"must be >= 0, got {self.learning_starts}")
 
 
 class Actor(nn.Module):

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agents.base import AlgorithmSpec, SearchDim
+from agents.base import AlgorithmSpec, SearchDim, check_sizes
 from agents.networks import flat_dim, mlp
 from agents.replay import (
     Batch,
@@ -102,13 +102,12 @@ class TD3Config:
     """Put the replay buffer in state_dict (big checkpoints, but exact resumption)."""
 
     def __post_init__(self) -> None:
-        check_positive(self, "num_envs", "steps_per_iter", "updates_per_iter", "batch_size",
-                       "buffer_size", "tau", "actor_lr", "critic_lr", "policy_delay",
-                       "hidden_size", "hidden_layers")
+        check_sizes(self)
+        check_positive(self, "tau", "actor_lr", "critic_lr", "policy_delay")
         check_unit(self, "gamma", "tau")
         for name in ("learning_starts", "exploration_noise", "policy_noise", "noise_clip"):
             if getattr(self, name) < 0:
-                raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
+                raise ConfigError(f"hparams.{name}", f"must be >= 0, got {getattr(self, name)}")
 
 
 class Actor(nn.Module):

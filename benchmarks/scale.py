@@ -12,9 +12,13 @@ Figures per pod count, over ``--duration`` seconds of steady state:
 * updater throughput: checkpoints stored per second (and the offered rate);
 * checkpoint -> leaderboard latency p50/p99: ``stored - created`` of every store row
   (``created`` is stamped when the stand-in builds the checkpoint, just before publish);
+  ``p99 warm`` leaves out the first round (the updater's one-time warm-up), ``p99 pub``
+  is the pod's own leg (build, encode, publish until the broker's confirm);
 * generator starvation: share of pod time spent waiting for an initialization, after
   each pod's first one (the very first fill of the queue is start-up, reported apart);
-* broker memory: peak ``mem_used`` of ``/api/nodes`` (management plugin).
+* broker memory: peak ``mem_used`` of ``/api/nodes`` (management plugin);
+* CPU by role (updater, generator, stand-ins, RabbitMQ's ``beam.smp``) over the run, in
+  cores busy and in ms per stored checkpoint: where the machine's time goes.
 
 Targets (256 pods, 4 MiB, 30 s rounds): p99 < 1 s, starvation < 1%.
 
@@ -45,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import pika
+import psutil
 import torch
 
 from agents.registry import default_registry
@@ -123,6 +128,8 @@ class PodStats:
     """Seconds waiting for an initialization after the first one."""
     busy: float = 0.0
     """Seconds after the first initialization (waiting included)."""
+    publish: list[float] = dataclasses.field(default_factory=list)
+    """Seconds from building each checkpoint to the broker's confirm (the pod's leg)."""
 
 
 def _random_state(template: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -162,6 +169,7 @@ async def _stand_in(transport: Any, name: str, template: dict[str, torch.Tensor]
                 env_steps=1000, wall_time=round_s, parent_id=init.parent_id,
                 generation=init.generation)
             await transport.publish("updater", checkpoint)
+            stats.publish.append(time.time() - checkpoint.created)
             await delivery.ack()
             stats.rounds += 1
         if not first:
@@ -244,6 +252,23 @@ class MemorySampler:
         self._thread.join(timeout=10)
 
 
+def _cpu_seconds(pids: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by each group of processes."""
+    out: dict[str, float] = {}
+    for role, group in pids.items():
+        total = 0.0
+        for pid in group:
+            with contextlib.suppress(psutil.Error):
+                times = psutil.Process(pid).cpu_times()
+                total += times.user + times.system
+        out[role] = total
+    return out
+
+
+def _broker_pids() -> list[int]:
+    return [p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "beam.smp"]
+
+
 def _delete(url: str, experiment: str) -> None:
     prefix = f"podracer.{experiment}"
     connection = pika.BlockingConnection(pika.URLParameters(url))
@@ -293,6 +318,14 @@ def measure(pods: int, args: argparse.Namespace, hidden: int, root: Path) -> dic
                  "--broker", args.broker, "--round", str(args.round), "--duration",
                  str(args.duration), "--out", str(out)], env=env)
                 for i, (n, out) in enumerate(zip(shares, outs, strict=True))]
+            pids = {"updater": [services["updater"].pid],
+                    "generator": [services["generator"].pid],
+                    "stand-ins": [p.pid for p in procs], "broker": _broker_pids()}
+            cpu_before, wall_before = _cpu_seconds(pids), time.monotonic()
+            # CPU is read when the stand-ins stop taking work (their processes exit later)
+            time.sleep(args.round + args.duration)
+            cpu = {k: v - cpu_before[k] for k, v in _cpu_seconds(pids).items()}
+            cpu_wall = time.monotonic() - wall_before
             codes = [p.wait(timeout=args.round * 3 + args.duration + 300) for p in procs]
             time.sleep(2.0)  # the last checkpoints reach the store
     finally:
@@ -322,11 +355,15 @@ def measure(pods: int, args: argparse.Namespace, hidden: int, root: Path) -> dic
         "offered": pods / args.round,
         "p50": _percentile(latencies, 0.50), "p99": _percentile(latencies, 0.99),
         "p99_warm": _percentile(warm, 0.99),
+        "p99_publish": _percentile([x for s in stats for x in s.publish], 0.99),
         "max": max(latencies, default=math.nan),
         "starvation": sum(s.wait for s in stats) / busy if busy else math.nan,
         "first_wait_max": max((s.first_wait for s in stats), default=math.nan),
         "mem_peak_mib": memory.peak / 2**20, "mem_base_mib": memory.baseline / 2**20,
         "dead": _dead_count(run / "updater.log"),
+        "cpu_share": {k: round(v / cpu_wall, 3) for k, v in cpu.items()},
+        "cpu_ms_per_checkpoint": {k: round(1000 * v / max(1, len(entries)), 1)
+                                  for k, v in cpu.items()},
     }
 
 
@@ -374,14 +411,18 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(measure(pods, args, hidden, Path(tmp)))
             print(f"  done {pods} pods: {json.dumps(rows[-1])}", flush=True)
     print(f"{'pods':>5} {'ckpts':>6} {'offered/s':>9} {'stored/s':>8} {'p50 s':>7} "
-          f"{'p99 s':>7} {'p99 warm':>8} {'max s':>7} {'starve':>7} {'1st wait':>8} "
+          f"{'p99 s':>7} {'p99 warm':>8} {'p99 pub':>7} {'max s':>7} {'starve':>7} "
+          f"{'1st wait':>8} "
           f"{'mem MiB':>8} {'dead':>4}")
     for r in rows:
         print(f"{r['pods']:>5} {r['checkpoints']:>6} {r['offered']:>9.2f} "
               f"{r['throughput']:>8.2f} {r['p50']:>7.3f} {r['p99']:>7.3f} "
-              f"{r['p99_warm']:>8.3f} {r['max']:>7.3f} "
+              f"{r['p99_warm']:>8.3f} {r['p99_publish']:>7.3f} {r['max']:>7.3f} "
               f"{100 * r['starvation']:>6.2f}% {r['first_wait_max']:>7.1f}s "
               f"{r['mem_peak_mib']:>8.0f} {r['dead']:>4}")
+    for r in rows:
+        print(f"{r['pods']:>5} pods, CPU (cores busy) by role: {r['cpu_share']}; "
+              f"ms per stored checkpoint: {r['cpu_ms_per_checkpoint']}")
     target = [r for r in rows if r["pods"] == 256]
     if target:
         r = target[0]
