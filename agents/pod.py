@@ -10,8 +10,9 @@ initialization. So:
   another pod takes it (after ``DELIVERY_LIMIT`` deliveries the broker dead-letters it);
 * an initialization the pod cannot use (unknown algorithm or env, bad hyperparameters,
   tensors of the wrong shape) is rejected to ``generator.dead`` with a one-line reason;
-* ``control.stop`` or SIGTERM ends the round early: its initialization is put back
-  (nack) so no work is acknowledged without its checkpoint, and the pod exits 0;
+* ``control.stop`` or SIGTERM ends the round early; the shortened round is still
+  evaluated and published (the work is not lost), then the pod exits 0. Only a round
+  that fails is put back (nack) for another pod;
 * the checkpoint's id is its initialization's id, so a redelivered initialization that
   had already produced a stored checkpoint cannot add a second leaderboard row.
 """
@@ -150,9 +151,8 @@ class Pod:
             job.close()
             self.status = "idle"
         if self.ctx.stopping.is_set():
-            log.info("%s: stopping; round %s goes back to the queue", self.ctx.name, init.id[:8])
-            await delivery.nack(requeue=True)
-            return
+            log.info("%s: stopping; publishing the shortened round %s", self.ctx.name,
+                     init.id[:8])
         await self.transport.publish("updater", self._checkpoint(init, result))
         await delivery.ack()
         self.rounds += 1

@@ -12,7 +12,7 @@ Figures per pod count, over ``--duration`` seconds of steady state:
 * updater throughput: checkpoints stored per second (and the offered rate);
 * checkpoint -> leaderboard latency p50/p99: ``stored - created`` of every store row
   (``created`` is stamped when the stand-in builds the checkpoint, just before publish);
-  ``p99 warm`` leaves out the first round (the updater's one-time warm-up), ``p99 pub``
+  ``p99 warm`` leaves out the first ``WARMUP_S`` seconds (the updater's warm-up), ``p99 pub``
   is the pod's own leg (build, encode, publish until the broker's confirm);
 * generator starvation: share of pod time spent waiting for an initialization, after
   each pod's first one (the very first fill of the queue is start-up, reported apart);
@@ -70,6 +70,8 @@ from podracer.settings import (
 )
 
 ENV = "torch/Pendulum-v1"
+WARMUP_S = 10.0
+"""Checkpoints created this soon after the first one count as warm-up, not steady state."""
 Spec = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 
@@ -343,9 +345,10 @@ def measure(pods: int, args: argparse.Namespace, hidden: int, root: Path) -> dic
     with LeaderboardStore(store) as lb:
         entries = [e for e in lb.entries() if e.created >= started]
     latencies = [e.stored - e.created for e in entries]
-    # the first round includes the updater's one-time warm-up (its validator builds the
-    # agent once per shape); the steady state is what follows
-    warm = [e.stored - e.created for e in entries if e.created >= started + args.round]
+    # the first checkpoints wait for the updater's one-time warm-up (its validator
+    # builds the agent once per shape): the steady state starts WARMUP_S after the first
+    first = min((e.created for e in entries), default=started)
+    warm = [e.stored - e.created for e in entries if e.created >= first + WARMUP_S]
     stored_times = sorted(e.stored for e in entries)
     span = (stored_times[-1] - stored_times[0]) if len(stored_times) > 1 else math.nan
     busy = sum(s.busy for s in stats)

@@ -1,9 +1,11 @@
 """The generator service (``podracer serve generator``): keeps pods fed.
 
 Every ``POLL_S`` seconds it reads the ``generator`` queue's depth and consumer count
-and tops the queue up to ``consumers + SLACK`` waiting initializations, so a pod that
-finishes a round finds its next one waiting, and the queue never holds much more than
-that (initializations seeded from an old leaderboard would be stale).
+and tops the queue up to ``wanted_depth`` waiting initializations: one spare plus what
+the consuming pods are expected to take before the next poll or two. So a pod that
+finishes a round finds its next one waiting, yet waiting initializations stay fresh:
+an initialization built a whole round before a pod takes it would be seeded from a
+stale leaderboard, and PBT would barely exploit.
 
 Each ``Initialization`` is made by ``InitializationMaker``:
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 
 from agents.base import AlgorithmRegistry, config_from_hparams, config_to_hparams
@@ -39,10 +42,16 @@ from podracer.settings import Settings
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.5
+POLL_S = 0.25
 """Seconds between two looks at the queue."""
-SLACK = 1
-"""Initializations kept waiting beyond one per consuming pod."""
+DEFAULT_ROUND_S = 10.0
+"""Assumed round length when the budget counts env steps only."""
+
+
+def wanted_depth(consumers: int, round_s: float | None) -> int:
+    """One spare plus the rounds ``consumers`` pods finish in two polls."""
+    rate = consumers / max(round_s or DEFAULT_ROUND_S, POLL_S)
+    return 1 + math.ceil(2 * POLL_S * rate)
 
 
 class InitializationMaker:
@@ -99,7 +108,8 @@ async def keep_stocked(ctx: ServiceContext[Settings], transport: Transport,
     while not ctx.stopping.is_set():
         try:
             ready, consumers = await transport.queue_depth("generator")
-            for _ in range(max(0, consumers + SLACK - ready)):
+            wanted = wanted_depth(consumers, maker.experiment.round_budget.seconds)
+            for _ in range(max(0, wanted - ready)):
                 init = await asyncio.to_thread(maker.make)
                 await transport.publish("generator", init)
                 published += 1

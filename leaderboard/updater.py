@@ -43,7 +43,7 @@ from podracer.settings import Settings
 
 log = logging.getLogger(__name__)
 
-DRAIN_IDLE_S = 3.0
+DRAIN_IDLE_S = 5.0
 """After a stop, the updater exits once its queue has been empty this long."""
 PREFETCH = 8
 """Checkpoints in flight: validation and storage are quick, so keep a few buffered."""

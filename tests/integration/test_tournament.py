@@ -20,10 +20,35 @@ import pytest
 from leaderboard.store import Entry, LeaderboardStore
 from podracer.report import all_entries
 
-TARGET = -700.0
-ARGS = ["--env", "torch/Pendulum-v1", "--algos", "ppo,sac,td3", "--pods", "3",
-        "--target-score", str(TARGET), "--round-budget", "4s", "--budget", "300s",
-        "--threads", "1", "--quiet"]
+TARGET = -400.0
+# Short rounds (40k env steps or 4 s, whichever comes first) so that no single fresh
+# round reaches the target: it takes several generations of PBT to get there.
+EXPERIMENT = f"""
+env = "torch/Pendulum-v1"
+pods = 3
+target_score = {TARGET}
+explore_p = 0.1
+eval_episodes = 16
+[algos]
+ppo = 1
+sac = 1
+td3 = 1
+[round_budget]
+steps = 40_000
+seconds = 4
+[total_budget]
+seconds = 300
+[selection]
+name = "tournament"
+size = 2
+"""
+ARGS = ["--threads", "1", "--quiet"]
+
+
+def _experiment_file(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / "experiment.toml"
+    path.write_text(f'name = "{name}"\n' + EXPERIMENT)
+    return path
 
 
 def _check_store(out: Path) -> list[Entry]:
@@ -50,6 +75,7 @@ def _check_store(out: Path) -> list[Entry]:
             best_so_far.append(best)
         assert best >= TARGET
         assert best > best_so_far[0], "the leaderboard's best never improved"
+        assert children, "no pod ever trained from a leaderboard entry"
         for entry in entries:  # the blob of every row is there and verifies
             assert store.load_state(entry)
     assert (out / "learning_curve.png").stat().st_size > 0
@@ -63,8 +89,8 @@ def test_tournament_on_rabbitmq_in_separate_processes(
     out = tmp_path / "run"
     env = {**os.environ, "PODRACER_LOG_LEVEL": "INFO"}
     proc = subprocess.run(
-        [sys.executable, "-m", "podracer", "train", *ARGS, "--name", experiment,
-         "--broker", amqp_url, "--out", str(out)],
+        [sys.executable, "-m", "podracer", "train", str(_experiment_file(tmp_path, experiment)),
+         *ARGS, "--broker", amqp_url, "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=400)
     logs = out / "logs"
     all_logs = "\n".join(p.read_text() for p in sorted(logs.glob("*.log")))
@@ -101,8 +127,8 @@ def test_tournament_on_rabbitmq_in_separate_processes(
 def test_tournament_in_memory_mode(tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "podracer", "train", *ARGS, "--name", "memtournament",
-         "--out", str(out)],
+        [sys.executable, "-m", "podracer", "train",
+         str(_experiment_file(tmp_path, "memtournament")), *ARGS, "--out", str(out)],
         capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "target score reached" in proc.stdout

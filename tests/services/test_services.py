@@ -176,9 +176,11 @@ async def test_generator_keeps_one_waiting_and_seeds_children(rig: Rig) -> None:
         parent = _checkpoint(rig, -300.0)
         store.insert(parent)
     ctx, task = rig.service(generator_service.main, "generator")
-    assert await _depth(rig.transport, "generator", generator_service.SLACK) == 1
-    await asyncio.sleep(1.5)  # several polls: still not more than the slack
-    assert (await rig.transport.queue_depth("generator"))[0] == generator_service.SLACK
+    assert generator_service.wanted_depth(0, 15.0) == 1
+    assert generator_service.wanted_depth(256, 30.0) == 1 + 5  # 256 pods * 0.5 s / 30 s
+    assert await _depth(rig.transport, "generator", 1) == 1
+    await asyncio.sleep(1.5)  # several polls, no pod: still just the one spare
+    assert (await rig.transport.queue_depth("generator"))[0] == 1
     assert await _stop(ctx, task) == 0
     # what it makes: children of the entry (weights travel) or fresh agents
     exp = rig.settings.experiment.with_overrides(explore_p=0.0)
