@@ -5,7 +5,8 @@ real orchestrator loop (``Orchestrator.step``, called once per "polling interval
 the count of polls is exact), a ``FakeProbe`` for the node's load and the embedded
 ``TaskScaler`` running real pod services. The test publishes the initializations
 itself, so the ledger is exact: every one must end up in the leaderboard store,
-including the rounds of pods that were scaled away mid-round.
+including the rounds of pods that were scaled away mid-round (a stopped pod publishes
+its shortened round; a round returned to the queue must be finished by another pod).
 """
 
 from __future__ import annotations
@@ -144,15 +145,19 @@ async def test_pool_follows_load_and_loses_no_round(
             return {e.id for e in store.entries()}
 
     await _wait(lambda: published <= stored(), 150, "every round stored")
+    # a pod scaled away mid-round either publishes its shortened round or returns it to
+    # the queue for another pod; either way the round must reach the store
+    shortened = set(re.findall(r"stopping; publishing the shortened round (\w{8})",
+                               caplog.text))
     returned = set(re.findall(r"stopping; round (\w{8}) goes back to the queue", caplog.text))
-    assert returned, "no pod was scaled away mid-round: the test proved nothing"
+    assert shortened | returned, "no pod was scaled away mid-round: the test proved nothing"
     short = {i[:8] for i in stored()}
-    assert returned <= short, f"rounds given back and never completed: {returned - short}"
+    assert (shortened | returned) <= short, f"rounds lost: {(shortened | returned) - short}"
     with LeaderboardStore(rig.store) as store:
         rows = store.entries()
         assert len(rows) == len({e.id for e in rows}) == ROUNDS
-        # the given-back rounds were finished by a pod that was not scaled away
         finisher = {e.id[:8]: e.pod for e in rows}
-    stopped_pods = set(re.findall(r"(pod-\d+): stopping; round", caplog.text))
+    # a returned round was finished by a pod that was not scaled away
+    stopped_pods = set(re.findall(r"(pod-\d+): stopping;", caplog.text))
     assert all(finisher[r] not in stopped_pods for r in returned)
     assert await rig.transport.queue_depth("generator.dead") == (0, 0)
