@@ -29,8 +29,9 @@ from typing import Any
 import torch
 
 from agents.base import AlgorithmRegistry
+from agents.learners import build_learners
 from agents.registry import default_registry
-from agents.round import Progress, RoundResult, build_agent, resolve_config, train_round
+from agents.round import Progress, RoundResult, resolve_config, train_round
 from broker.blobstore import FileBlobStore
 from broker.errors import BrokerError, ConfigError, PodracerError
 from broker.schemas import Budget, Checkpoint, Initialization, Metrics
@@ -61,11 +62,12 @@ class _Job:
 
     init: Initialization
     agent: Any
-    env: Any
+    envs: list[Any]
     eval_env: Any
 
     def close(self) -> None:
-        self.env.close()
+        for env in self.envs:
+            env.close()
         self.eval_env.close()
 
 
@@ -86,17 +88,20 @@ class Pod:
 
     def _build(self, init: Initialization) -> _Job:
         config = resolve_config(self.registry, init.algorithm, init.hparams)
-        env = make_env(init.env, config.num_envs, self.device)
-        episodes = self.ctx.settings.experiment.eval_episodes
-        eval_env = make_env(init.env, episodes, self.device)
+        envs: list[Any] = []
         try:
-            agent = build_agent(self.registry, init.algorithm, init.hparams, env, self.device,
-                                init.seed, init.state)
+            # one env per learner: k learners fuse by averaging after every iteration
+            for _ in range(self.ctx.settings.experiment.learners):
+                envs.append(make_env(init.env, config.num_envs, self.device))
+            envs.append(make_env(init.env, self.ctx.settings.experiment.eval_episodes,
+                                 self.device))
+            agent = build_learners(self.registry, init.algorithm, init.hparams, envs[:-1],
+                                   self.device, init.seed, init.state)
         except BaseException:
-            env.close()
-            eval_env.close()
+            for env in envs:
+                env.close()
             raise
-        return _Job(init, agent, env, eval_env)
+        return _Job(init, agent, envs[:-1], envs[-1])
 
     def _train(self, job: _Job, loop: asyncio.AbstractEventLoop) -> RoundResult:
         last = 0.0
@@ -108,7 +113,7 @@ class Pod:
                 with contextlib.suppress(RuntimeError):  # loop closing: drop the report
                     loop.call_soon_threadsafe(self._offer, progress)
 
-        return train_round(job.agent, job.env, job.eval_env, capped(job.init.budget),
+        return train_round(job.agent, job.envs[0], job.eval_env, capped(job.init.budget),
                            on_progress=report, should_stop=self.ctx.stopping.is_set,
                            eval_episodes=self.ctx.settings.experiment.eval_episodes)
 

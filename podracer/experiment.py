@@ -86,6 +86,9 @@ class Experiment:
     """``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``."""
     seed: int = 0
     """Seed of the generator's RNG (and so of every pod's seed)."""
+    learners: int = 1
+    """Learners per pod (paper sec. 4.3): k agent copies on their own env copies, fused
+    by averaging parameters and optimizer moments after every iteration."""
 
     def overrides_for(self, algorithm: str) -> dict[str, Scalar]:
         """The pinned hyperparameters of ``algorithm`` (``num_envs`` included)."""
@@ -101,6 +104,7 @@ class Experiment:
             "round_budget": _drop_none(dataclasses.asdict(self.round_budget)),
             "pods": self.pods, "top_k": self.top_k, "explore_p": self.explore_p,
             "eval_episodes": self.eval_episodes, "device": self.device, "seed": self.seed,
+            "learners": self.learners,
             "selection": {"name": self.selection.name, **self.selection.params},
             "mutation": {"resample_p": self.mutation.resample_p,
                          "perturb_factors": list(self.mutation.perturb_factors)},
@@ -296,6 +300,13 @@ def _only_mixed(field: str, per_algo: Mapping[str, Any], algos: Mapping[str, flo
                               f"algos has {', '.join(sorted(algos))}")
 
 
+def _learners(value: int) -> int:
+    if value > 64:
+        raise ConfigError("learners", f"must be <= 64, got {value}",
+                          "k learners train k agent copies in one pod; use more pods instead")
+    return value
+
+
 def _device(value: str) -> str:
     if value == "auto" or re.fullmatch(r"cpu|cuda(:\d+)?|mps", value):
         return value
@@ -343,6 +354,7 @@ def parse_experiment(data: Mapping[str, Any],
         hparams=_hparams(top.table("hparams"), algos),
         device=_device(top.string("device", "auto")),
         seed=top.required_integer("seed", 0, 0),
+        learners=_learners(top.required_integer("learners", 1, 1)),
     )
     top.finish()
     if registry is not None:

@@ -205,3 +205,24 @@ async def test_control_stop_ends_every_service_with_code_zero(rig: Rig) -> None:
     for ctx, _ in started:
         assert ctx.stopping.is_set()
         await ctx.close()
+
+
+async def test_pod_with_two_learners_fuses_them(rig: Rig) -> None:
+    settings = dataclasses.replace(
+        rig.settings, experiment=rig.settings.experiment.with_overrides(learners=2))
+    ctx = ServiceContext(dataclasses.replace(settings, name="pod-k2"), "pod-k2")
+    task = asyncio.create_task(pod_service.main(ctx))
+    init = _init(rig)
+    await rig.transport.publish("generator", init)
+    async with rig.transport.consume("updater", prefetch=1, expect=Checkpoint) as inbox:
+        delivery = await _next(inbox)
+        checkpoint: Checkpoint = delivery.message
+        await delivery.ack()
+    assert checkpoint.init_id == init.id
+    # the fused state is a plain agent state: it loads into a single learner
+    registry = default_registry()
+    env = make_env(ENV, PPO["num_envs"], "cpu")
+    agent = build_agent(registry, "ppo", PPO, env, torch.device("cpu"), 0, checkpoint.state)
+    env.close()
+    assert set(agent.state_dict()) == set(checkpoint.state)
+    assert await _stop(ctx, task) == 0
