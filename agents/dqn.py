@@ -33,17 +33,15 @@ from torch import nn
 
 from agents.base import AlgorithmSpec, SearchDim, check_sizes
 from agents.networks import HIDDEN_GAIN, flat_dim, mlp, orthogonal_init
+from agents.offpolicy import OffPolicyConfig, ReplayLoop
 from agents.replay import (
     Batch,
     ReplayBuffer,
     StateDict,
+    check_nonnegative,
     check_positive,
     check_unit,
-    load_training_state,
     polyak,
-    save_training_state,
-    seeded_generator,
-    store_step,
 )
 from broker.errors import ConfigError
 from envs.base import VecEnv
@@ -52,7 +50,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
-class DQNConfig:
+class DQNConfig(OffPolicyConfig):
     """DQN hyperparameters; defaults are tuned for batched torch CartPole."""
 
     SEARCH_SPACE: ClassVar[Mapping[str, SearchDim]] = MappingProxyType({
@@ -64,21 +62,12 @@ class DQNConfig:
         "epsilon_end": SearchDim(0.01, 0.1, log=True),
     })
 
+    # OffPolicyConfig's fields, re-declared with CartPole-sized defaults
     num_envs: int = 32
-    """Parallel env copies explored in one batch."""
-    steps_per_iter: int = 1
-    """Env steps per copy collected in one training iteration."""
     updates_per_iter: int = 2
-    """Gradient steps per training iteration (sets the replay ratio)."""
     batch_size: int = 128
-    """Transitions per gradient step."""
     buffer_size: int = 100_000
-    """Replay capacity in transitions, preallocated on the device:
-    ``buffer_size * (2 * obs_dim + act_dim + 2) * 4`` bytes."""
     learning_starts: int = 500
-    """Transitions collected before updates begin."""
-    gamma: float = 0.99
-    """Discount factor."""
     lr: float = 1e-3
     """Adam learning rate."""
     epsilon_start: float = 1.0
@@ -109,9 +98,7 @@ class DQNConfig:
         check_positive(self, "lr", "epsilon_decay_steps", "target_update_interval",
                        "target_tau", "max_grad_norm")
         check_unit(self, "gamma", "epsilon_start", "epsilon_end", "target_tau")
-        if self.learning_starts < 0:
-            raise ConfigError("hparams.learning_starts",
-                              f"must be >= 0, got {self.learning_starts}")
+        check_nonnegative(self, "learning_starts")
 
 
 class QNetwork(nn.Module):
@@ -162,10 +149,7 @@ class DQNAgent:
         self.opt = torch.optim.Adam(self.q.parameters(), lr=config.lr)
         self.buffer = ReplayBuffer(config.buffer_size, obs_space.shape or (), (), self.device,
                                    action_dtype=torch.int64)
-        self._explore_gen = seeded_generator(seed + 1, self.device)
-        self._sample_gen = seeded_generator(seed + 2, self.device)
-        self._env: VecEnv | None = None
-        self._obs: torch.Tensor | None = None
+        self._loop = ReplayLoop(self.buffer, seed, self.device)
         logger.debug("DQN agent: obs %s, actions %s, %d envs, seed %d", obs_space.shape,
                      act_space, config.num_envs, seed)
 
@@ -173,16 +157,19 @@ class DQNAgent:
 
     def epsilon(self) -> float:
         """The current exploration rate (a function of ``env_steps``)."""
+        return self._epsilon_at(self.env_steps)
+
+    def _epsilon_at(self, env_steps: int) -> float:
         cfg = self.config
-        fraction = min(1.0, self.env_steps / cfg.epsilon_decay_steps)
+        fraction = min(1.0, env_steps / cfg.epsilon_decay_steps)
         return cfg.epsilon_start + fraction * (cfg.epsilon_end - cfg.epsilon_start)
 
     def _epsilon_greedy(self, obs: torch.Tensor, epsilon: float) -> torch.Tensor:
         greedy = self.q(obs).argmax(dim=-1)
         n = obs.shape[0]
-        explore = torch.rand(n, generator=self._explore_gen, device=self.device) < epsilon
-        random = torch.randint(0, self.n_actions, (n,), generator=self._explore_gen,
-                               device=self.device)
+        gen = self._loop.explore_gen
+        explore = torch.rand(n, generator=gen, device=self.device) < epsilon
+        random = torch.randint(0, self.n_actions, (n,), generator=gen, device=self.device)
         return torch.where(explore, random, greedy)
 
     @torch.no_grad()
@@ -193,30 +180,17 @@ class DQNAgent:
             self._epsilon_greedy(obs, self.epsilon()))
         return index + self._action_start
 
-    @torch.no_grad()
+    def _explore_action(self, obs: torch.Tensor, env_steps: int
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        action = self._epsilon_greedy(obs, self._epsilon_at(env_steps))
+        return action, action + self._action_start
+
     def explore(self, env: VecEnv, steps: int) -> dict[str, float]:
         """Collect ``steps`` epsilon-greedy transitions per copy into the buffer."""
-        if env is not self._env or self._obs is None:
-            # a new env (or a restored agent) starts from a reset seeded by the agent's RNG
-            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._explore_gen,
-                                     device=self.device))
-            self._obs, _ = env.reset(seed=seed)
-            self._env = env
-        obs = self._obs.to(self.device, torch.float32)
-        # sums stay tensors: a .item() per step would stall the loop (a GPU sync)
-        reward_sum = torch.zeros((), device=self.device)
-        ended_sum = torch.zeros((), dtype=torch.int64, device=self.device)
-        for _ in range(steps):
-            action = self._epsilon_greedy(obs, self.epsilon())
-            next_obs, reward, ended = store_step(env, self.buffer, obs, action,
-                                                 action + self._action_start)
-            obs = next_obs.to(self.device, torch.float32)
-            self.env_steps += obs.shape[0]
-            reward_sum += reward.sum()
-            ended_sum += ended.sum()
-        self._obs = obs
-        return {"rollout/reward_mean": float(reward_sum) / max(1, steps * obs.shape[0]),
-                "rollout/episodes_ended": float(ended_sum), "rollout/epsilon": self.epsilon()}
+        metrics, self.env_steps = self._loop.collect(env, steps, self.env_steps,
+                                                     self._explore_action)
+        metrics["rollout/epsilon"] = self.epsilon()
+        return metrics
 
     # ---------------------------------------------------------------- learning
 
@@ -248,16 +222,8 @@ class DQNAgent:
 
     def train_iteration(self, env: VecEnv) -> dict[str, float]:
         """Explore ``steps_per_iter`` steps per copy, then ``updates_per_iter`` updates."""
-        cfg = self.config
-        metrics = self.explore(env, cfg.steps_per_iter)
-        if len(self.buffer) < max(cfg.batch_size, cfg.learning_starts):
-            return metrics
-        sums: dict[str, torch.Tensor] = {}
-        for _ in range(cfg.updates_per_iter):
-            for key, value in self._update(self.buffer.sample(cfg.batch_size,
-                                                              self._sample_gen)).items():
-                sums[key] = sums.get(key, 0.0) + value
-        metrics.update({k: float(v) / cfg.updates_per_iter for k, v in sums.items()})
+        metrics = self.explore(env, self.config.steps_per_iter)
+        metrics.update(self._loop.run_updates(self.config, self._update))
         return metrics
 
     # ---------------------------------------------------------------- checkpoints
@@ -267,20 +233,12 @@ class DQNAgent:
 
     def state_dict(self) -> StateDict:
         """Full training state (the buffer only with ``checkpoint_replay``)."""
-        return save_training_state(
-            self._parts(), {"opt": self.opt},
-            {"explore": self._explore_gen, "sample": self._sample_gen},
-            {"env_steps": self.env_steps, "updates": self.updates},
-            self.buffer if self.config.checkpoint_replay else None)
+        return self._loop.save(self._parts(), {"opt": self.opt}, self.env_steps, self.updates,
+                               self.config.checkpoint_replay)
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Restore ``state_dict`` output exactly; the next ``explore`` resets its env."""
-        counters = load_training_state(
-            state, self._parts(), {"opt": self.opt},
-            {"explore": self._explore_gen, "sample": self._sample_gen},
-            ("env_steps", "updates"), self.buffer)
-        self.env_steps, self.updates = counters["env_steps"], counters["updates"]
-        self._env, self._obs = None, None
+        self.env_steps, self.updates = self._loop.load(state, self._parts(), {"opt": self.opt})
 
 
 def build(obs_space: gymnasium.spaces.Space[Any], act_space: gymnasium.spaces.Space[Any],

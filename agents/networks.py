@@ -1,4 +1,5 @@
-"""Small building blocks shared by the algorithms: MLPs with orthogonal init.
+"""Small building blocks shared by the algorithms: MLPs with orthogonal init, the twin
+Q critic of TD3 and SAC, and the gradient-step helpers of their updates.
 
 Every network in Podracer is an MLP over a flat observation. ``mlp`` builds one with
 orthogonal weights (gain sqrt(2) for hidden layers, ``out_gain`` for the last layer:
@@ -8,9 +9,10 @@ init CleanRL and the PPO implementation-details study found to matter.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -55,6 +57,40 @@ def mlp(
 def flat_dim(shape: Sequence[int] | None) -> int:
     """The number of features of an observation of ``shape`` (1 for a scalar)."""
     return int(math.prod(shape)) if shape else 1
+
+
+class TwinQ(nn.Module):
+    """Two independent Q(s, a) networks (the critics of TD3 and SAC)."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int, layers: int) -> None:
+        super().__init__()
+        sizes = [obs_dim + act_dim, *[hidden] * layers, 1]
+        self.q1 = mlp(sizes, nn.ReLU)
+        self.q2 = mlp(sizes, nn.ReLU)
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both Q estimates, each ``[B]``."""
+        x = torch.cat([obs.flatten(1), action], dim=-1)
+        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
+
+
+def gradient_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+    """Backpropagate ``loss`` from cleared gradients and take one ``optimizer`` step."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+
+
+@contextlib.contextmanager
+def frozen(module: nn.Module) -> Iterator[None]:
+    """Within the block ``module`` takes no gradients (a critic while its actor learns:
+    they would be thrown away anyway)."""
+    module.requires_grad_(False)
+    try:
+        yield
+    finally:
+        module.requires_grad_(True)
 
 
 class RunningMeanStd(nn.Module):

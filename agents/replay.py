@@ -309,3 +309,11 @@ def check_unit(config: Any, *names: str) -> None:
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"hparams.{name}", f"must be within [0, 1], got {value!r}",
                               "pick a fraction")
+
+
+def check_nonnegative(config: Any, *names: str) -> None:
+    """``ConfigError`` naming the first of ``names`` whose value on ``config`` is below 0."""
+    for name in names:
+        value = getattr(config, name)
+        if value < 0:
+            raise ConfigError(f"hparams.{name}", f"must be >= 0, got {value}")

@@ -30,27 +30,25 @@ import torch.nn.functional as F
 from torch import nn
 
 from agents.base import AlgorithmSpec, SearchDim, check_sizes
-from agents.networks import flat_dim, mlp
+from agents.deterministic import Actor
+from agents.networks import TwinQ, flat_dim, frozen, gradient_step
+from agents.offpolicy import BoxActions, OffPolicyConfig, ReplayLoop
 from agents.replay import (
     Batch,
     ReplayBuffer,
     StateDict,
+    check_nonnegative,
     check_positive,
     check_unit,
-    load_training_state,
     polyak,
-    save_training_state,
-    seeded_generator,
-    store_step,
 )
-from broker.errors import ConfigError
 from envs.base import VecEnv
 
 logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
-class TD3Config:
+class TD3Config(OffPolicyConfig):
     """TD3 hyperparameters; defaults are tuned for batched torch Pendulum."""
 
     SEARCH_SPACE: ClassVar[Mapping[str, SearchDim]] = MappingProxyType({
@@ -65,21 +63,8 @@ class TD3Config:
         "updates_per_iter": SearchDim(1, 64, log=True, integer=True),
     })
 
-    num_envs: int = 64
-    """Parallel env copies explored in one batch."""
-    steps_per_iter: int = 1
-    """Env steps per copy collected in one training iteration."""
     updates_per_iter: int = 4
     """Critic gradient steps per training iteration (sets the replay ratio)."""
-    batch_size: int = 256
-    """Transitions per gradient step."""
-    buffer_size: int = 300_000
-    """Replay capacity in transitions, preallocated on the device:
-    ``buffer_size * (2 * obs_dim + act_dim + 2) * 4`` bytes."""
-    learning_starts: int = 1_024
-    """Transitions collected with uniform random actions before updates begin."""
-    gamma: float = 0.99
-    """Discount factor."""
     tau: float = 0.02
     """Polyak step of the targets per delayed update."""
     actor_lr: float = 2e-3
@@ -105,39 +90,8 @@ class TD3Config:
         check_sizes(self)
         check_positive(self, "tau", "actor_lr", "critic_lr", "policy_delay")
         check_unit(self, "gamma", "tau")
-        for name in ("learning_starts", "exploration_noise", "policy_noise", "noise_clip"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"hparams.{name}", f"must be >= 0, got {getattr(self, name)}")
-
-
-class Actor(nn.Module):
-    """Deterministic policy ``obs -> action in [-1, 1]``."""
-
-    def __init__(self, obs_dim: int, act_dim: int, hidden: int, layers: int) -> None:
-        super().__init__()
-        self.net = mlp([obs_dim, *[hidden] * layers, act_dim], nn.ReLU, out_gain=0.01,
-                       out_activation=nn.Tanh)
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """Actions ``[B, act_dim]``."""
-        out: torch.Tensor = self.net(obs.flatten(1))
-        return out
-
-
-class TwinQ(nn.Module):
-    """Two independent Q(s, a) networks."""
-
-    def __init__(self, obs_dim: int, act_dim: int, hidden: int, layers: int) -> None:
-        super().__init__()
-        sizes = [obs_dim + act_dim, *[hidden] * layers, 1]
-        self.q1 = mlp(sizes, nn.ReLU)
-        self.q2 = mlp(sizes, nn.ReLU)
-
-    def forward(self, obs: torch.Tensor, action: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Both Q estimates, each ``[B]``."""
-        x = torch.cat([obs.flatten(1), action], dim=-1)
-        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
+        check_nonnegative(self, "learning_starts", "exploration_noise", "policy_noise",
+                          "noise_clip")
 
 
 class TD3Agent:
@@ -146,17 +100,12 @@ class TD3Agent:
     def __init__(self, obs_space: gymnasium.spaces.Space[Any],
                  act_space: gymnasium.spaces.Space[Any], config: TD3Config, device: torch.device,
                  seed: int) -> None:
-        if not isinstance(act_space, gymnasium.spaces.Box):
-            raise ConfigError("algorithm", f"TD3 needs a continuous (Box) action space, got "
-                              f"{act_space}", "use dqn or ppo for discrete actions")
         self.config = config
         self.device = torch.device(device)
         self.env_steps = 0
         self.updates = 0
-        obs_dim, act_dim = flat_dim(obs_space.shape), flat_dim(act_space.shape)
-        self._act_shape = tuple(act_space.shape)
-        self._low = torch.as_tensor(act_space.low, dtype=torch.float32, device=self.device)
-        self._high = torch.as_tensor(act_space.high, dtype=torch.float32, device=self.device)
+        self._box = BoxActions(act_space, "TD3", self.device)
+        obs_dim, act_dim = flat_dim(obs_space.shape), self._box.dim
         with torch.random.fork_rng(devices=[]):  # seed the init without touching global RNG
             torch.manual_seed(seed)
             self.actor = Actor(obs_dim, act_dim, config.hidden_size, config.hidden_layers)
@@ -169,58 +118,31 @@ class TD3Agent:
         self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=config.critic_lr)
         self.buffer = ReplayBuffer(config.buffer_size, obs_space.shape or (), (act_dim,),
                                    self.device)
-        self._explore_gen = seeded_generator(seed + 1, self.device)
-        self._sample_gen = seeded_generator(seed + 2, self.device)
-        self._env: VecEnv | None = None
-        self._obs: torch.Tensor | None = None
+        self._loop = ReplayLoop(self.buffer, seed, self.device)
         logger.debug("TD3 agent: obs %s, actions %s, %d envs, seed %d", obs_space.shape,
                      act_space, config.num_envs, seed)
 
     # ---------------------------------------------------------------- acting
 
-    def _to_env(self, action: torch.Tensor) -> torch.Tensor:
-        scaled = self._low + 0.5 * (action + 1.0) * (self._high - self._low)
-        return scaled.reshape(action.shape[0], *self._act_shape)
-
     def _noisy(self, obs: torch.Tensor) -> torch.Tensor:
-        action = self.actor(obs)
-        noise = torch.randn(action.shape, generator=self._explore_gen, device=self.device)
-        return (action + self.config.exploration_noise * noise).clamp(-1.0, 1.0)
+        return self.actor.noisy(obs, self.config.exploration_noise, self._loop.explore_gen)
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
         """Env-scale actions: the actor's output, plus exploration noise if not deterministic."""
         obs = obs.to(self.device, torch.float32)
-        return self._to_env(self.actor(obs) if deterministic else self._noisy(obs))
+        return self._box.to_env(self.actor(obs) if deterministic else self._noisy(obs))
 
-    @torch.no_grad()
+    def _explore_action(self, obs: torch.Tensor, env_steps: int
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        warm = env_steps >= self.config.learning_starts
+        return self._box.explore(obs, self._noisy, warm, self._loop.explore_gen)
+
     def explore(self, env: VecEnv, steps: int) -> dict[str, float]:
         """Collect ``steps`` transitions per copy into the buffer (random until warm)."""
-        if env is not self._env or self._obs is None:
-            # a new env (or a restored agent) starts from a reset seeded by the agent's RNG
-            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._explore_gen,
-                                     device=self.device))
-            self._obs, _ = env.reset(seed=seed)
-            self._env = env
-        obs = self._obs.to(self.device, torch.float32)
-        # sums stay tensors: a .item() per step would stall the loop (a GPU sync)
-        reward_sum = torch.zeros((), device=self.device)
-        ended_sum = torch.zeros((), dtype=torch.int64, device=self.device)
-        for _ in range(steps):
-            if self.env_steps < self.config.learning_starts:
-                action = torch.rand((obs.shape[0], self._low.numel()), generator=self._explore_gen,
-                                    device=self.device) * 2.0 - 1.0
-            else:
-                action = self._noisy(obs)
-            next_obs, reward, ended = store_step(env, self.buffer, obs, action,
-                                                 self._to_env(action))
-            obs = next_obs.to(self.device, torch.float32)
-            self.env_steps += obs.shape[0]
-            reward_sum += reward.sum()
-            ended_sum += ended.sum()
-        self._obs = obs
-        return {"rollout/reward_mean": float(reward_sum) / max(1, steps * obs.shape[0]),
-                "rollout/episodes_ended": float(ended_sum)}
+        metrics, self.env_steps = self._loop.collect(env, steps, self.env_steps,
+                                                     self._explore_action)
+        return metrics
 
     # ---------------------------------------------------------------- learning
 
@@ -228,27 +150,22 @@ class TD3Agent:
         cfg = self.config
         with torch.no_grad():
             next_action = self.actor_target(batch.next_obs)
-            noise = torch.randn(next_action.shape, generator=self._sample_gen, device=self.device)
+            noise = torch.randn(next_action.shape, generator=self._loop.sample_gen,
+                                device=self.device)
             noise = (cfg.policy_noise * noise).clamp(-cfg.noise_clip, cfg.noise_clip)
             next_action = (next_action + noise).clamp(-1.0, 1.0)
             q1_next, q2_next = self.critic_target(batch.next_obs, next_action)
             target = batch.reward + cfg.gamma * (1.0 - batch.done) * torch.min(q1_next, q2_next)
         q1, q2 = self.critic(batch.obs, batch.action)
         critic_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
-        self.critic_opt.zero_grad(set_to_none=True)
-        critic_loss.backward()
-        self.critic_opt.step()
+        gradient_step(self.critic_opt, critic_loss)
         self.updates += 1
         metrics = {"losses/critic": critic_loss.detach(), "losses/q_mean": q1.detach().mean()}
 
         if self.updates % cfg.policy_delay == 0:
-            # freeze the critic for the actor loss: its gradients would be thrown away anyway
-            self.critic.requires_grad_(False)
-            actor_loss = -self.critic(batch.obs, self.actor(batch.obs))[0].mean()
-            self.actor_opt.zero_grad(set_to_none=True)
-            actor_loss.backward()
-            self.actor_opt.step()
-            self.critic.requires_grad_(True)
+            with frozen(self.critic):
+                actor_loss = -self.critic(batch.obs, self.actor(batch.obs))[0].mean()
+                gradient_step(self.actor_opt, actor_loss)
             polyak(self.actor_target, self.actor, cfg.tau)
             polyak(self.critic_target, self.critic, cfg.tau)
             metrics["losses/actor"] = actor_loss.detach()
@@ -260,18 +177,8 @@ class TD3Agent:
 
     def train_iteration(self, env: VecEnv) -> dict[str, float]:
         """Explore ``steps_per_iter`` steps per copy, then ``updates_per_iter`` updates."""
-        cfg = self.config
-        metrics = self.explore(env, cfg.steps_per_iter)
-        if len(self.buffer) < max(cfg.batch_size, cfg.learning_starts):
-            return metrics
-        sums: dict[str, torch.Tensor] = {}
-        counts: dict[str, int] = {}
-        for _ in range(cfg.updates_per_iter):
-            for key, value in self._update(self.buffer.sample(cfg.batch_size,
-                                                              self._sample_gen)).items():
-                sums[key] = sums.get(key, 0.0) + value
-                counts[key] = counts.get(key, 0) + 1
-        metrics.update({k: float(v) / counts[k] for k, v in sums.items()})
+        metrics = self.explore(env, self.config.steps_per_iter)
+        metrics.update(self._loop.run_updates(self.config, self._update))
         return metrics
 
     # ---------------------------------------------------------------- checkpoints
@@ -283,22 +190,14 @@ class TD3Agent:
     def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"actor_opt": self.actor_opt, "critic_opt": self.critic_opt}
 
-    def _generators(self) -> dict[str, torch.Generator]:
-        return {"explore": self._explore_gen, "sample": self._sample_gen}
-
     def state_dict(self) -> StateDict:
         """Full training state (the buffer only with ``checkpoint_replay``)."""
-        return save_training_state(
-            self._parts(), self._optimizers(), self._generators(),
-            {"env_steps": self.env_steps, "updates": self.updates},
-            self.buffer if self.config.checkpoint_replay else None)
+        return self._loop.save(self._parts(), self._optimizers(), self.env_steps, self.updates,
+                               self.config.checkpoint_replay)
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Restore ``state_dict`` output exactly; the next ``explore`` resets its env."""
-        counters = load_training_state(state, self._parts(), self._optimizers(),
-                                       self._generators(), ("env_steps", "updates"), self.buffer)
-        self.env_steps, self.updates = counters["env_steps"], counters["updates"]
-        self._env, self._obs = None, None
+        self.env_steps, self.updates = self._loop.load(state, self._parts(), self._optimizers())
 
 
 def build(obs_space: gymnasium.spaces.Space[Any], act_space: gymnasium.spaces.Space[Any],
