@@ -109,11 +109,12 @@ def hidden_for(mib: float) -> int:
     return int((-lin + math.sqrt(lin * lin + 4 * quad * target)) / (2 * quad))
 
 
-def make_experiment(name: str, hidden: int) -> Experiment:
-    """PPO only, with ``hidden_size`` pinned so the generator never mutates the shapes."""
+def make_experiment(name: str, hidden: int, round_s: float) -> Experiment:
+    """PPO only, with ``hidden_size`` pinned so the generator never mutates the shapes;
+    the round budget is the stand-ins' (the generator sizes its queue from it)."""
     return default_experiment(ENV).with_overrides(
         name=name, algos={"ppo": 1}, hparams={"ppo": {"hidden_size": hidden, "num_envs": 4}},
-        device="cpu", explore_p=0.2)
+        device="cpu", explore_p=0.2, round_budget={"seconds": round_s})
 
 
 # ---------------------------------------------------------------- stand-in pods
@@ -297,7 +298,7 @@ def measure(pods: int, args: argparse.Namespace, hidden: int, root: Path) -> dic
     run = root / name
     store = run / "store"
     store.mkdir(parents=True)
-    experiment = make_experiment(name, hidden)
+    experiment = make_experiment(name, hidden, args.round)
     exp_file = write_experiment(experiment, run / "experiment.json")
     env = {**os.environ, "PODRACER_BROKER": args.broker, "PODRACER_EXPERIMENT_FILE":
            str(exp_file), "PODRACER_STORE": str(store), "PODRACER_LOG_LEVEL": "WARNING"}

@@ -33,7 +33,7 @@ from broker.errors import ConfigError
 
 PREFIX = "podracer"
 EXPERIMENT_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
-DELIVERY_LIMIT = 5
+DELIVERY_LIMIT = 20
 """Redeliveries before a quorum queue dead-letters a message (poison-message guard)."""
 
 WORK_QUEUES = ("generator", "updater")

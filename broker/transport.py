@@ -81,8 +81,9 @@ DEAD_QUEUES: tuple[str, ...] = ("generator.dead", "updater.dead")
 """Dead-letter queues, one per work queue."""
 
 
-DEFAULT_PUBLISH_TRIES = 5
-"""How many times ``publish`` tries before it raises ``PublishError``."""
+DEFAULT_PUBLISH_TRIES = 8
+"""How many times ``publish`` tries before it raises ``PublishError`` (backoff 0.5 s doubling,
+capped at 10 s: about 35 s in all, longer than a broker restart takes)."""
 
 
 class Delivery(Protocol[M]):

@@ -34,6 +34,11 @@ from podracer.settings import Settings
 
 log = logging.getLogger(__name__)
 
+STOP_REMIND_S = 2.0
+"""Seconds between repeated ``control.stop`` announcements after the decision."""
+STOP_REMIND_FOR_S = 6.0
+"""The orchestrator keeps announcing the stop at least this long before it exits."""
+
 
 @dataclasses.dataclass
 class Progress:
@@ -112,6 +117,15 @@ class Orchestrator:
         except BrokerError as exc:
             log.warning("%s not sent: %s", key, exc)
 
+    async def remind_stop(self) -> None:
+        """Announce ``control.stop`` again every ``STOP_REMIND_S``: an event reaches only
+        subscribers that exist, and a pod still starting when the first one went out
+        would otherwise train on forever."""
+        while True:
+            await asyncio.sleep(STOP_REMIND_S)
+            await self._announce(Stop(experiment=self.ctx.settings.experiment.name,
+                                      reason=self.stop_reason or "stopped"), "control.stop")
+
     async def run(self) -> None:
         """Poll until the stop condition holds or the service is stopped."""
         first = True
@@ -148,7 +162,13 @@ async def main(ctx: ServiceContext[Settings], scaler: Scaler, probe: Probe | Non
             await orchestrator.run()
         finally:
             log.info("orchestrator: stopping %d pod(s)", scaler.current())
+            if orchestrator.stop_reason is not None:
+                side.append(asyncio.create_task(orchestrator.remind_stop()))
+                stop_at = time.monotonic()
             await asyncio.to_thread(scaler.close)
+            if orchestrator.stop_reason is not None:
+                # keep reminding a little while for pods this node does not own
+                await asyncio.sleep(max(0.0, STOP_REMIND_FOR_S - (time.monotonic() - stop_at)))
             for task in side:
                 task.cancel()
             await asyncio.gather(*side, return_exceptions=True)
