@@ -20,11 +20,6 @@ class Summary:
     best_id: str | None
 
 
-def all_entries(store: LeaderboardStore) -> list[Entry]:
-    """Every stored checkpoint, oldest first."""
-    return sorted(store.top(max(store.count(), 1)), key=lambda e: e.stored)
-
-
 def plot_learning_curve(entries: list[Entry], started_wall: float, path: Path) -> None:
     """Score vs wall time: each pod's checkpoints, and the leaderboard's best so far."""
     import matplotlib
@@ -63,7 +58,7 @@ def plot_learning_curve(entries: list[Entry], started_wall: float, path: Path) -
 def write_report(out: Path, started_wall: float) -> Summary:
     """Write ``out/learning_curve.png`` from ``out``'s store; return a summary."""
     with LeaderboardStore(out) as store:
-        entries = all_entries(store) if store.count() else []
+        entries = store.entries()
         best = store.best()
     if entries:
         plot_learning_curve(entries, started_wall, out / "learning_curve.png")

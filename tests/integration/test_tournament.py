@@ -18,7 +18,6 @@ import pika
 import pytest
 
 from leaderboard.store import Entry, LeaderboardStore
-from podracer.report import all_entries
 
 TARGET = -400.0
 # Short rounds (40k env steps or 4 s, whichever comes first) so that no single fresh
@@ -54,7 +53,7 @@ def _experiment_file(tmp_path: Path, name: str) -> Path:
 def _check_store(out: Path) -> list[Entry]:
     """The invariants every finished tournament's store must hold."""
     with LeaderboardStore(out) as store:
-        entries = all_entries(store)
+        entries = store.entries()
         ids = {e.id for e in entries}
         # no duplicates: one row per checkpoint and per initialization
         assert len(ids) == len(entries) == store.count()
@@ -135,6 +134,6 @@ def test_tournament_in_memory_mode(tmp_path: Path) -> None:
     _check_store(out)
     published = set(re.findall(r"round (\w+) published", proc.stderr))
     with LeaderboardStore(out) as store:
-        short = {e.id[:8] for e in all_entries(store)}
+        short = {e.id[:8] for e in store.entries()}
     assert published and published <= short
     assert len(set(re.findall(r"(pod-\d+): stopped after \d+ rounds", proc.stderr))) >= 3
