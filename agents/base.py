@@ -181,8 +181,13 @@ class Agent(Protocol):
         """The full training state as a flat map of tensors."""
         ...
 
-    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Restore a state produced by ``state_dict`` (shape mismatches raise ConfigError)."""
+    def load_state_dict(self, state: Mapping[str, torch.Tensor], keep_data: bool = False
+                        ) -> None:
+        """Restore a state produced by ``state_dict`` (shape mismatches raise ConfigError).
+
+        RNG states absent from ``state`` keep the agent's own streams. ``keep_data``
+        leaves collected data (replay buffer, place in the env) as it is: learner fusion
+        loads averaged weights after every iteration."""
         ...
 
 

@@ -191,9 +191,12 @@ class DDPGAgent:
         return self._loop.save(self._parts(), self._optimizers(), self.env_steps, self.updates,
                                self.config.checkpoint_replay)
 
-    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Restore ``state_dict`` output exactly; the next ``explore`` resets its env."""
-        self.env_steps, self.updates = self._loop.load(state, self._parts(), self._optimizers())
+    def load_state_dict(self, state: Mapping[str, torch.Tensor], keep_data: bool = False
+                        ) -> None:
+        """Restore ``state_dict`` output exactly; the next ``explore`` resets its env
+        (``keep_data``: the buffer and the env position stay, see ``ReplayLoop.load``)."""
+        self.env_steps, self.updates = self._loop.load(state, self._parts(),
+                                                       self._optimizers(), keep_data)
 
 
 def build(obs_space: gymnasium.spaces.Space[Any], act_space: gymnasium.spaces.Space[Any],

@@ -236,9 +236,12 @@ class DQNAgent:
         return self._loop.save(self._parts(), {"opt": self.opt}, self.env_steps, self.updates,
                                self.config.checkpoint_replay)
 
-    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Restore ``state_dict`` output exactly; the next ``explore`` resets its env."""
-        self.env_steps, self.updates = self._loop.load(state, self._parts(), {"opt": self.opt})
+    def load_state_dict(self, state: Mapping[str, torch.Tensor], keep_data: bool = False
+                        ) -> None:
+        """Restore ``state_dict`` output exactly; the next ``explore`` resets its env
+        (``keep_data``: the buffer and the env position stay, see ``ReplayLoop.load``)."""
+        self.env_steps, self.updates = self._loop.load(state, self._parts(), {"opt": self.opt},
+                                                       keep_data)
 
 
 def build(obs_space: gymnasium.spaces.Space[Any], act_space: gymnasium.spaces.Space[Any],

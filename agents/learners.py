@@ -3,7 +3,8 @@
 Each of ``k`` learners is a full copy of the agent training on its own env copies
 (its own ``VecEnv`` and seed). After every iteration their states are fused:
 
-* every floating-point tensor (network parameters, Adam ``exp_avg``/``exp_avg_sq`` and
+* every floating-point tensor but replay rows (network parameters, Adam
+  ``exp_avg``/``exp_avg_sq`` and
   ``step``, normaliser statistics) is replaced by the mean over the learners;
 * every other tensor (integer counters, RNG states) is *not* averaged. The fused state
   that leaves the group (``state_dict``) carries learner 0's; inside the group each
@@ -32,13 +33,18 @@ from envs.base import VecEnv
 log = logging.getLogger(__name__)
 
 
+def _fused(name: str, tensor: torch.Tensor) -> bool:
+    # replay rows (checkpoint_replay) are data, not parameters: each learner keeps its own
+    return tensor.is_floating_point() and not name.startswith("replay.")
+
+
 def fuse_states(states: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Average floating-point tensors over ``states``; take other tensors from ``states[0]``."""
     if not states:
         raise ConfigError("states", "nothing to fuse", "pass at least one state")
     fused: dict[str, torch.Tensor] = {}
     for name, first in states[0].items():
-        if first.is_floating_point():
+        if _fused(name, first):
             fused[name] = torch.stack([s[name].to(first.device) for s in states]).mean(0)
         else:
             fused[name] = first.clone()
@@ -93,8 +99,8 @@ class LearnerGroup:
         states = [learner.state_dict() for learner in self.learners]
         fused = fuse_states(states)
         for learner, own in zip(self.learners, states, strict=True):
-            learner.load_state_dict({k: (v if v.is_floating_point() else own[k])
-                                     for k, v in fused.items()})
+            learner.load_state_dict({k: (v if _fused(k, v) else own[k])
+                                     for k, v in fused.items()}, keep_data=True)
 
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
         """Learner 0's actions (all learners hold the fused weights)."""
@@ -104,10 +110,11 @@ class LearnerGroup:
         """The fused state: averaged floats, learner 0's counters and RNG."""
         return fuse_states([learner.state_dict() for learner in self.learners])
 
-    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+    def load_state_dict(self, state: Mapping[str, torch.Tensor], keep_data: bool = False
+                        ) -> None:
         """Load ``state`` into every learner."""
         for learner in self.learners:
-            learner.load_state_dict(state)
+            learner.load_state_dict(state, keep_data)
 
 
 def build_learners(
@@ -118,16 +125,19 @@ def build_learners(
     device: torch.device,
     seed: int,
     state: Mapping[str, torch.Tensor] | None = None,
+    *,
+    own_rng: bool = False,
 ) -> Agent:
     """One agent per env in ``envs`` (learner ``j`` seeded ``seed + j``), all loaded with
-    ``state``; a plain agent when ``len(envs) == 1``, else a ``LearnerGroup``.
+    ``state`` (without its RNG states with ``own_rng``, see ``build_agent``); a plain
+    agent when ``len(envs) == 1``, else a ``LearnerGroup``.
 
     Pass ``envs[0]`` as the round's env to ``train_round``.
     """
     if not envs:
         raise ConfigError("learners", "need at least one env", "pass one VecEnv per learner")
-    learners = [build_agent(registry, algorithm, hparams, env, device, seed + j, state)
-                for j, env in enumerate(envs)]
+    learners = [build_agent(registry, algorithm, hparams, env, device, seed + j, state,
+                            own_rng=own_rng) for j, env in enumerate(envs)]
     if len(learners) == 1:
         return learners[0]
     if state is None:

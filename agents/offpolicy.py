@@ -164,10 +164,13 @@ class ReplayLoop:
                                    self.buffer if with_buffer else None)
 
     def load(self, state: Mapping[str, torch.Tensor], parts: Parts,
-             optimizers: Mapping[str, torch.optim.Optimizer]) -> tuple[int, int]:
-        """Restore what ``save`` wrote; return ``(env_steps, updates)``. The buffer is
-        emptied if ``state`` carries none, and the next ``collect`` resets its env."""
+             optimizers: Mapping[str, torch.optim.Optimizer], keep_data: bool = False
+             ) -> tuple[int, int]:
+        """Restore what ``save`` wrote; return ``(env_steps, updates)``. Unless
+        ``keep_data``, the buffer is emptied if ``state`` carries none and the next
+        ``collect`` resets its env; with it (learner fusion, every iteration) both stay."""
         counters = load_training_state(state, parts, optimizers, self._generators(),
-                                       ("env_steps", "updates"), self.buffer)
-        self._env, self._obs = None, None
+                                       ("env_steps", "updates"), self.buffer, keep_data)
+        if not keep_data:
+            self._env, self._obs = None, None
         return counters["env_steps"], counters["updates"]

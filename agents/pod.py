@@ -2,9 +2,16 @@
 
 A pod takes one ``Initialization`` at a time (prefetch 1) from the ``generator`` queue,
 builds the env and the agent (fresh or restored), trains for the round's budget in a
-worker thread (the event loop keeps heartbeats and metrics flowing), evaluates,
-publishes a ``Checkpoint`` to ``updater`` with a broker confirm, and only then acks the
-initialization. So:
+worker (a thread, or a process of its own: ``agents.runner``; the event loop keeps
+heartbeats and metrics flowing), evaluates, publishes a ``Checkpoint`` to ``updater``
+with a broker confirm, and only then acks the initialization.
+
+A child continues its lineage: it starts with the replay rows its parent's round ended
+with when this process holds them (``agents.continuity``), explores with random
+streams of its own seed, and the envs of the previous round are reused. A round ends
+early, and is published at once, when an evaluation reaches the experiment's target;
+a round whose agent diverged before any finite evaluation is dropped (acked, not
+published: a redelivery would diverge again). So:
 
 * a crash anywhere before the ack returns the initialization to the queue, where
   another pod takes it (after ``DELIVERY_LIMIT`` deliveries the broker dead-letters it);
@@ -21,19 +28,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
-from typing import Any
+from collections.abc import Callable, Mapping
 
 import torch
 
-from agents.base import AlgorithmRegistry
-from agents.learners import build_learners
+from agents.continuity import ReplayCache, default_cache_bytes
 from agents.registry import default_registry
-from agents.round import Progress, RoundResult, resolve_config, train_round
+from agents.round import Progress, RoundResult
+from agents.runner import (
+    BuildError,
+    ProcessWorker,
+    RoundJob,
+    RoundRunner,
+    RunnerConfig,
+    ThreadWorker,
+    Worker,
+)
 from broker.blobstore import FileBlobStore
-from broker.errors import BrokerError, ConfigError, PodracerError
+from broker.errors import BrokerError
 from broker.schemas import Budget, Checkpoint, Initialization, Metrics
 from broker.service import ServiceContext
 from broker.transport import Delivery, Transport, connect
@@ -56,55 +70,32 @@ def capped(budget: Budget) -> Budget:
     return Budget(steps=budget.steps, seconds=seconds)
 
 
-@dataclasses.dataclass
-class _Job:
-    """What one round needs, built off the event loop."""
-
-    init: Initialization
-    agent: Any
-    envs: list[Any]
-    eval_env: Any
-
-    def close(self) -> None:
-        for env in self.envs:
-            env.close()
-        self.eval_env.close()
-
-
 class Pod:
     """Handles initializations one by one for a running pod service."""
 
-    def __init__(self, ctx: ServiceContext[Settings], transport: Transport,
-                 registry: AlgorithmRegistry) -> None:
+    def __init__(self, ctx: ServiceContext[Settings], transport: Transport, worker: Worker,
+                 cache: ReplayCache) -> None:
         self.ctx = ctx
         self.transport = transport
-        self.registry = registry
-        self.device = ctx.settings.torch_device()
+        self.worker = worker
+        self.cache = cache
         self.status = "idle"
         self.rounds = 0
         self._progress: asyncio.Queue[Progress] = asyncio.Queue(maxsize=64)
 
     # ---------------------------------------------------------------- one round
 
-    def _build(self, init: Initialization) -> _Job:
-        config = resolve_config(self.registry, init.algorithm, init.hparams)
-        envs: list[Any] = []
-        try:
-            # one env per learner: k learners fuse by averaging after every iteration
-            for _ in range(self.ctx.settings.experiment.learners):
-                envs.append(make_env(init.env, config.num_envs, self.device))
-            envs.append(make_env(init.env, self.ctx.settings.experiment.eval_episodes,
-                                 self.device))
-            agent = build_learners(self.registry, init.algorithm, init.hparams, envs[:-1],
-                                   self.device, init.seed, init.state)
-        except BaseException:
-            for env in envs:
-                env.close()
-            raise
-        return _Job(init, agent, envs[:-1], envs[-1])
+    def _job(self, init: Initialization) -> RoundJob:
+        # A child continues its lineage: the parent's replay rows when this process holds
+        # them, and random streams of its own (siblings must not explore alike).
+        child = init.state is not None and init.parent_id is not None
+        return RoundJob(algorithm=init.algorithm, env=init.env, hparams=init.hparams,
+                        seed=init.seed, budget=capped(init.budget), state=init.state,
+                        replay=self.cache.get(init.parent_id) if child else None,
+                        own_rng=child, target=self.ctx.settings.experiment.target_score)
 
-    def _train(self, job: _Job, loop: asyncio.AbstractEventLoop) -> RoundResult:
-        last = 0.0
+    def _report(self, loop: asyncio.AbstractEventLoop) -> Callable[[Progress], None]:
+        last = -METRICS_EVERY_S
 
         def report(progress: Progress) -> None:
             nonlocal last
@@ -113,9 +104,7 @@ class Pod:
                 with contextlib.suppress(RuntimeError):  # loop closing: drop the report
                     loop.call_soon_threadsafe(self._offer, progress)
 
-        return train_round(job.agent, job.envs[0], job.eval_env, capped(job.init.budget),
-                           on_progress=report, should_stop=self.ctx.stopping.is_set,
-                           eval_episodes=self.ctx.settings.experiment.eval_episodes)
+        return report
 
     def _offer(self, progress: Progress) -> None:
         with contextlib.suppress(asyncio.QueueFull):
@@ -124,28 +113,19 @@ class Pod:
     async def handle(self, delivery: Delivery[Initialization]) -> None:
         """Train one initialization and settle its delivery (see the module doc)."""
         init = delivery.message
-        self.status = f"building {init.algorithm}"
-        try:
-            job = await asyncio.to_thread(self._build, init)
-        except (ConfigError, PodracerError) as exc:
-            await delivery.reject(f"unusable initialization {init.id}: {exc}")
-            self.status = "idle"
-            return
-        except Exception as exc:
-            # Building depends only on the message: sizes that overflow an allocation, a
-            # state whose counters are not scalars... Every pod would fail the same way,
-            # so the message is poison; dying on it would kill pod after pod.
-            log.debug("traceback", exc_info=True)
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            await delivery.reject(f"unusable initialization {init.id}: "
-                                  f"{type(exc).__name__}: {first}")
-            self.status = "idle"
-            return
+        job = self._job(init)
         self.status = f"training {init.algorithm}"
-        log.info("%s: round %s (%s, generation %d, parent %s)", self.ctx.name, init.id[:8],
-                 init.algorithm, init.generation, (init.parent_id or "fresh")[:8])
+        log.info("%s: round %s (%s, generation %d, parent %s%s)", self.ctx.name, init.id[:8],
+                 init.algorithm, init.generation, (init.parent_id or "fresh")[:8],
+                 f", {job.replay['replay.obs'].shape[0]} replay rows kept"
+                 if job.replay is not None else "")
         try:
-            result = await asyncio.to_thread(self._train, job, asyncio.get_running_loop())
+            output = await asyncio.to_thread(self.worker.run, job,
+                                             self._report(asyncio.get_running_loop()),
+                                             self.ctx.stopping.is_set)
+        except BuildError as exc:
+            await delivery.reject(f"unusable initialization {init.id}: {exc}")
+            return
         except Exception as exc:
             log.error("%s: round %s failed: %s: %s; returning it to the queue",
                       self.ctx.name, init.id[:8], type(exc).__name__, exc)
@@ -153,23 +133,35 @@ class Pod:
             await delivery.nack(requeue=True)
             return
         finally:
-            job.close()
             self.status = "idle"
+        result = output.result
+        if output.replay is not None:
+            self.cache.put(init.id, output.replay, init.parent_id)
+        if result.best_state is None:
+            # diverged before any finite evaluation: nothing worth ranking; the lineage
+            # ends here (a redelivery would diverge again)
+            log.warning("%s: round %s diverged with no finite evaluation; dropped",
+                        self.ctx.name, init.id[:8])
+            await delivery.ack()
+            return
         if self.ctx.stopping.is_set():
             log.info("%s: stopping; publishing the shortened round %s", self.ctx.name,
                      init.id[:8])
-        await self.transport.publish("updater", self._checkpoint(init, result))
+        await self.transport.publish("updater", self._checkpoint(init, result,
+                                                                 result.best_state))
         await delivery.ack()
         self.rounds += 1
-        log.info("%s: round %s published: score %.2f ± %.2f, %d steps in %.1fs",
+        log.info("%s: round %s published: score %.2f ± %.2f, %d steps in %.1fs%s",
                  self.ctx.name, init.id[:8], result.score_mean, result.score_std,
-                 result.env_steps, result.wall_time)
+                 result.env_steps, result.wall_time,
+                 " (target reached)" if result.reached_target else "")
 
-    def _checkpoint(self, init: Initialization, result: RoundResult) -> Checkpoint:
+    def _checkpoint(self, init: Initialization, result: RoundResult,
+                    state: Mapping[str, torch.Tensor]) -> Checkpoint:
         return Checkpoint(
             experiment=init.experiment, id=init.id, init_id=init.id, pod=self.ctx.name,
             algorithm=init.algorithm, env=init.env, hparams=dict(init.hparams),
-            state={k: v.detach().cpu() for k, v in result.best_state.items()},
+            state={k: v.detach().cpu() for k, v in state.items()},
             score_mean=result.score_mean, score_std=result.score_std,
             env_steps=result.env_steps, wall_time=result.wall_time,
             parent_id=init.parent_id, generation=init.generation, curve=result.curve)
@@ -194,29 +186,48 @@ class Pod:
                 log.warning("%s: metrics not sent: %s", self.ctx.name, exc)
 
 
-async def main(ctx: ServiceContext[Settings]) -> int:
-    """Run a pod until ``control.stop`` or SIGTERM; exit 0 after draining."""
+def make_worker(settings: Settings, kind: str) -> Worker:
+    """A ``thread`` or ``process`` worker (see ``agents.runner``) for this pod's rounds."""
+    exp = settings.experiment
+    config = RunnerConfig(device=str(settings.torch_device()), eval_episodes=exp.eval_episodes,
+                          learners=exp.learners, torch_threads=settings.torch_threads)
+    if kind == "process":
+        return ProcessWorker(default_registry, config, make_env)
+    return ThreadWorker(RoundRunner(default_registry(), config, make_env))
+
+
+async def main(ctx: ServiceContext[Settings], *, worker: str = "thread",
+               cache: ReplayCache | None = None) -> int:
+    """Run a pod until ``control.stop`` or SIGTERM; exit 0 after draining.
+
+    ``worker`` says where rounds run (``thread`` or ``process``, see ``agents.runner``);
+    ``cache`` is the replay cache shared with other pods of this process (default: the
+    pod's own)."""
     settings = ctx.settings
-    if settings.torch_threads:
+    if settings.torch_threads and worker == "thread":
         torch.set_num_threads(settings.torch_threads)
-    registry = default_registry()
     blobs = FileBlobStore(settings.store)
-    async with connect(settings.broker, experiment=settings.experiment.name, blobs=blobs,
-                       memory=settings.memory) as transport:
-        pod = Pod(ctx, transport, registry)
-        ctx.heartbeat(transport, role="pod", status_fn=lambda: pod.status)
-        side = [asyncio.create_task(watch_stop(ctx, transport)),
-                asyncio.create_task(pod.publish_metrics())]
-        started = time.monotonic()
-        try:
-            async with transport.consume("generator", prefetch=1,
-                                         expect=Initialization) as inbox:
-                async for delivery in ctx.until_stopping(inbox):
-                    await pod.handle(delivery)
-        finally:
-            for task in side:
-                task.cancel()
-            await asyncio.gather(*side, return_exceptions=True)
-        log.info("%s: stopped after %d rounds in %.0fs", ctx.name, pod.rounds,
-                 time.monotonic() - started)
+    runner = await asyncio.to_thread(make_worker, settings, worker)
+    cache = cache if cache is not None else ReplayCache(default_cache_bytes())
+    try:
+        async with connect(settings.broker, experiment=settings.experiment.name, blobs=blobs,
+                           memory=settings.memory) as transport:
+            pod = Pod(ctx, transport, runner, cache)
+            ctx.heartbeat(transport, role="pod", status_fn=lambda: pod.status)
+            side = [asyncio.create_task(watch_stop(ctx, transport)),
+                    asyncio.create_task(pod.publish_metrics())]
+            started = time.monotonic()
+            try:
+                async with transport.consume("generator", prefetch=1,
+                                             expect=Initialization) as inbox:
+                    async for delivery in ctx.until_stopping(inbox):
+                        await pod.handle(delivery)
+            finally:
+                for task in side:
+                    task.cancel()
+                await asyncio.gather(*side, return_exceptions=True)
+            log.info("%s: stopped after %d rounds in %.0fs (replay cache: %d hits, %d misses)",
+                     ctx.name, pod.rounds, time.monotonic() - started, cache.hits, cache.misses)
+    finally:
+        await asyncio.to_thread(runner.close)
     return 0

@@ -386,21 +386,29 @@ class PPOAgent:
         state["rng"] = self.generator.get_state()
         return state
 
-    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Restore ``state_dict`` output exactly; ``ConfigError`` names a bad tensor."""
-        extra = ("counters.env_steps", "counters.iterations", "rng")
-        for name in extra:
+    def load_state_dict(self, state: Mapping[str, torch.Tensor], keep_data: bool = False
+                        ) -> None:
+        """Restore ``state_dict`` output exactly; ``ConfigError`` names a bad tensor.
+
+        Without ``rng`` the generator keeps the stream seeded at build (a child of a
+        checkpoint explores on its own seed). PPO keeps no data across iterations, so
+        ``keep_data`` changes nothing."""
+        counters = ("counters.env_steps", "counters.iterations")
+        for name in counters:
             if name not in state:
                 raise ConfigError(f"state.{name}", "missing", "pass a full PPO checkpoint")
-        rng = state["rng"]
-        if rng.dtype != torch.uint8 or rng.shape != self.generator.get_state().shape:
+        rng = state.get("rng")
+        if rng is not None and (rng.dtype != torch.uint8
+                                or rng.shape != self.generator.get_state().shape):
             raise ConfigError("state.rng", f"not a generator state ({rng.dtype}, "
                               f"{tuple(rng.shape)})", "pass a full PPO checkpoint")
-        copy_state(self._live_tensors(), {k: v for k, v in state.items() if k not in extra})
+        copy_state(self._live_tensors(),
+                   {k: v for k, v in state.items() if k not in (*counters, "rng")})
         self.env_steps = int(state["counters.env_steps"])
         self.iterations = int(state["counters.iterations"])
         self._norm_cache = None
-        self.generator.set_state(rng.cpu())
+        if rng is not None:
+            self.generator.set_state(rng.cpu())
 
 
 def build(

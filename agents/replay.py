@@ -212,10 +212,13 @@ def load_training_state(
     generators: Mapping[str, torch.Generator],
     counters: Sequence[str],
     buffer: ReplayBuffer | None = None,
+    keep_buffer: bool = False,
 ) -> dict[str, int]:
     """Restore what ``save_training_state`` wrote (copying, never aliasing ``state``);
-    return the counters. A given buffer is restored from ``state``, or emptied if the
-    checkpoint carries none.
+    return the counters. A given buffer is restored from ``state``; if the checkpoint
+    carries none it is emptied, or left as it is with ``keep_buffer``. A generator whose
+    ``rng.<name>`` is absent keeps its stream: a child of a checkpoint drops its parent's
+    RNG states so that siblings explore differently (see ``agents.round.build_agent``).
 
     Optimizer hyperparameters (learning rates) come from the current config, not the
     checkpoint, so a mutated config takes effect on the restored moments.
@@ -229,11 +232,12 @@ def load_training_state(
     for name, opt in optimizers.items():
         _load_optimizer(name, opt, state)
     for name, gen in generators.items():
-        gen.set_state(_get(state, f"rng.{name}").to(torch.uint8).cpu())
+        if f"rng.{name}" in state:
+            gen.set_state(state[f"rng.{name}"].to(torch.uint8).cpu())
     if buffer is not None:
         if "replay.obs" in state:
             buffer.load_state_dict(state)
-        else:
+        elif not keep_buffer:
             buffer.clear()
     return {name: int(_get(state, f"counters.{name}")) for name in counters}
 

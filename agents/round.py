@@ -9,18 +9,27 @@ Round semantics (documented here because the pod and the leaderboard rely on the
   during the round (``agent.env_steps`` is cumulative over the lineage) and/or
   ``budget.seconds`` of wall time; whichever is hit first ends the round. The check
   runs between iterations, so a round overshoots by at most one iteration.
-* The agent is evaluated every ``eval_every_s`` seconds (if given) and always at the
-  end. ``best_state`` is the full state at the best evaluation, and
-  ``score_mean``/``score_std`` are *that* evaluation's, so the published score always
-  describes the published state.
+* The agent is evaluated every ``eval_every_s`` seconds (if given; ``"auto"`` picks
+  the interval from the measured cost of one evaluation so that evaluating takes at
+  most ``EVAL_SHARE`` of the round) and always at the end. ``best_state`` is the full
+  state at the best evaluation, and ``score_mean``/``score_std`` are *that*
+  evaluation's, so the published score always describes the published state.
+* An evaluation that reaches ``target`` ends the round at once: the pod publishes,
+  the leaderboard hears of the hit, and the experiment stops within one evaluation.
+* ``on_best`` hears of every new best evaluation during the round (the pod publishes
+  intermediate bests of long rounds from it).
 * ``should_stop()`` returning True (e.g. ``control.stop``) ends the round early; the
   final evaluation still runs so the work is not lost.
+* An evaluation that is not finite means the agent diverged: the round ends, and
+  ``diverged`` is set. ``best_state`` is then the best finite evaluation's, or
+  ``None`` when there was none (the round has nothing worth publishing).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -35,6 +44,11 @@ from broker.schemas import Budget
 from envs.base import VecEnv
 
 log = logging.getLogger(__name__)
+
+EVAL_SHARE = 0.1
+"""With ``eval_every_s="auto"``, evaluation takes at most this share of a round."""
+MIN_EVAL_EVERY_S = 1.0
+"""With ``eval_every_s="auto"``, never evaluate more often than this."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +75,12 @@ class RoundResult:
     curve: list[tuple[float, float, int]]
     """(seconds since round start, eval mean, round env steps) at every evaluation."""
     metrics: dict[str, float]
-    best_state: dict[str, torch.Tensor]
+    best_state: dict[str, torch.Tensor] | None
+    """``None`` only when the agent diverged before any finite evaluation."""
+    diverged: bool = False
+    """An evaluation was not finite (the agent's weights blew up)."""
+    reached_target: bool = False
+    """An evaluation reached the target and ended the round."""
 
 
 def resolve_config(registry: AlgorithmRegistry, algorithm: str, hparams: Mapping[str, Scalar]
@@ -87,6 +106,11 @@ def check_action_space(registry: AlgorithmRegistry, algorithm: str,
                           f"use one of {', '.join(able) or 'none registered'} for this env")
 
 
+def without_rng(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` without its RNG states (``rng`` and ``rng.*``)."""
+    return {k: v for k, v in state.items() if k != "rng" and not k.startswith("rng.")}
+
+
 def build_agent(
     registry: AlgorithmRegistry,
     algorithm: str,
@@ -95,12 +119,16 @@ def build_agent(
     device: torch.device,
     seed: int,
     state: Mapping[str, torch.Tensor] | None = None,
+    *,
+    own_rng: bool = False,
 ) -> Agent:
     """Validate ``hparams``, check the action space, build the agent and load ``state``.
 
     ``env`` supplies the spaces; its ``num_envs`` must equal the config's (build the env
     from ``resolve_config(...).num_envs``). Every problem is a ``ConfigError`` naming the
-    field (a tensor of the wrong shape is named ``state.<tensor>``).
+    field (a tensor of the wrong shape is named ``state.<tensor>``). With ``own_rng``
+    the RNG states in ``state`` are left out, so the agent explores on ``seed``: a
+    child of a checkpoint must not replay its parent's (or its siblings') random draws.
     """
     config = resolve_config(registry, algorithm, hparams)
     check_action_space(registry, algorithm, env.single_action_space)
@@ -112,7 +140,7 @@ def build_agent(
     agent = spec.build(env.single_observation_space, env.single_action_space, config,
                        device, seed)
     if state is not None:
-        agent.load_state_dict(state)
+        agent.load_state_dict(without_rng(state) if own_rng else state)
     log.debug("built %s agent (seed %d, state %s)", algorithm, seed,
               "loaded" if state is not None else "fresh")
     return agent
@@ -124,53 +152,104 @@ def _budget_left(budget: Budget, steps: int, seconds: float) -> bool:
     return budget.seconds is None or seconds < budget.seconds
 
 
+class _Evaluations:
+    """The round's evaluations: cadence, curve, best snapshot, target and divergence."""
+
+    def __init__(self, agent: Agent, eval_env: VecEnv, episodes: int,
+                 every_s: float | str | None, target: float | None,
+                 on_best: Callable[[EvalResult, dict[str, torch.Tensor], int], None] | None
+                 ) -> None:
+        self.agent = agent
+        self.eval_env = eval_env
+        self.episodes = episodes
+        self.auto = every_s == "auto"
+        self.every_s = MIN_EVAL_EVERY_S if self.auto else every_s
+        self.target = target
+        self.on_best = on_best
+        self.start = time.monotonic()
+        self.first_steps = agent.env_steps
+        self.last = self.start
+        self.best = BestSnapshot()
+        self.curve: list[tuple[float, float, int]] = []
+        self.diverged = False
+        self.reached = False
+
+    def due(self) -> bool:
+        return (self.every_s is not None
+                and time.monotonic() - self.last >= float(self.every_s))
+
+    def run(self) -> EvalResult:
+        began = time.monotonic()
+        result = evaluate(lambda obs: self.agent.act(obs, True), self.eval_env, self.episodes)
+        self.last = time.monotonic()
+        if self.auto:
+            self.every_s = max(MIN_EVAL_EVERY_S, (self.last - began) / EVAL_SHARE)
+        steps = self.agent.env_steps - self.first_steps
+        self.curve.append((self.last - self.start, result.mean, steps))
+        if not math.isfinite(result.mean):
+            self.diverged = True
+            log.warning("evaluation is not finite (%s): the agent diverged; ending the round",
+                        result.mean)
+        elif self.best.offer(result, self.agent.state_dict, steps):
+            if self.target is not None and result.mean >= self.target:
+                self.reached = True
+            if self.on_best is not None and self.best.state is not None:
+                self.on_best(result, self.best.state, steps)
+        return result
+
+    @property
+    def over(self) -> bool:
+        """The round must end now: diverged, or the target was reached."""
+        return self.diverged or self.reached
+
+
 def train_round(
     agent: Agent,
     env: VecEnv,
     eval_env: VecEnv,
     budget: Budget,
     *,
-    eval_every_s: float | None = None,
+    eval_every_s: float | str | None = None,
     on_progress: Callable[[Progress], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     eval_episodes: int = 32,
+    target: float | None = None,
+    on_best: Callable[[EvalResult, dict[str, torch.Tensor], int], None] | None = None,
 ) -> RoundResult:
-    """Train ``agent`` on ``env`` until ``budget`` (or ``should_stop()``); see module doc."""
-    start = time.monotonic()
-    first_steps = agent.env_steps
-    best = BestSnapshot()
-    curve: list[tuple[float, float, int]] = []
+    """Train ``agent`` on ``env`` until ``budget``, ``target`` or ``should_stop()``; see
+    the module doc. ``on_best(result, state, round_steps)`` hears of each new best."""
+    evals = _Evaluations(agent, eval_env, eval_episodes, eval_every_s, target, on_best)
+    start = evals.start
     metrics: dict[str, float] = {}
-    last_eval = start
-
-    def run_eval() -> EvalResult:
-        result = evaluate(lambda obs: agent.act(obs, True), eval_env, eval_episodes)
-        steps = agent.env_steps - first_steps
-        curve.append((time.monotonic() - start, result.mean, steps))
-        best.offer(result, agent.state_dict, steps)
-        return result
-
-    while _budget_left(budget, agent.env_steps - first_steps, time.monotonic() - start):
+    final: EvalResult | None = None
+    while _budget_left(budget, agent.env_steps - evals.first_steps, time.monotonic() - start):
         if should_stop is not None and should_stop():
-            log.info("round stopped early after %d steps", agent.env_steps - first_steps)
+            log.info("round stopped early after %d steps", agent.env_steps - evals.first_steps)
             break
         metrics = agent.train_iteration(env)
         score = None
-        if eval_every_s is not None and time.monotonic() - last_eval >= eval_every_s:
-            score = run_eval().mean
-            last_eval = time.monotonic()
+        if evals.due():
+            final = evals.run()
+            score = final.mean
+            if evals.over:
+                break
         if on_progress is not None:
-            on_progress(Progress(time.monotonic() - start, agent.env_steps - first_steps,
+            on_progress(Progress(time.monotonic() - start, agent.env_steps - evals.first_steps,
                                  score, dict(metrics)))
-    final = run_eval()
-    assert best.result is not None and best.state is not None
+    if not evals.over:
+        final = evals.run()
+    assert final is not None  # the loop's last evaluation or the one just run
+    best = evals.best
     wall = time.monotonic() - start
-    steps = agent.env_steps - first_steps
-    log.info("round done: %d steps in %.1fs, final %.2f, best %.2f", steps, wall, final.mean,
-             best.result.mean)
+    steps = agent.env_steps - evals.first_steps
+    best_mean = best.result.mean if best.result is not None else float("nan")
+    best_std = best.result.std if best.result is not None else float("nan")
+    log.info("round done: %d steps in %.1fs, final %.2f, best %.2f%s", steps, wall, final.mean,
+             best_mean, " (target reached)" if evals.reached else "")
     out_metrics = {**metrics, "eval/final_mean": final.mean, "eval/final_std": final.std,
-                   "eval/best_mean": best.result.mean,
+                   "eval/best_mean": best_mean,
                    "round/steps_per_second": steps / wall if wall > 0 else 0.0}
-    return RoundResult(score_mean=best.result.mean, score_std=best.result.std, env_steps=steps,
-                       total_env_steps=agent.env_steps, wall_time=wall, curve=curve,
-                       metrics=out_metrics, best_state=best.state)
+    return RoundResult(score_mean=best_mean, score_std=best_std, env_steps=steps,
+                       total_env_steps=agent.env_steps, wall_time=wall, curve=evals.curve,
+                       metrics=out_metrics, best_state=best.state, diverged=evals.diverged,
+                       reached_target=evals.reached)

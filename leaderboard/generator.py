@@ -1,29 +1,28 @@
 """The generator service (``podracer serve generator``): keeps pods fed.
 
-Every ``POLL_S`` seconds it reads the ``generator`` queue's depth and consumer count
-and tops the queue up to ``wanted_depth`` waiting initializations: one spare plus what
-the consuming pods are expected to take before the next poll or two. So a pod that
-finishes a round finds its next one waiting, yet waiting initializations stay fresh:
-an initialization built a whole round before a pod takes it would be seeded from a
-stale leaderboard, and PBT would barely exploit.
+Every ``POLL_S`` seconds, and at once when the leaderboard changes, it counts the
+rounds in flight (issued, checkpoint not stored yet) against the pods consuming the
+``generator`` queue, and issues one ``Initialization`` per idle pod (one while no pod
+consumes, so the first pod finds work). Issuing just in time, rather than keeping a
+stock of waiting initializations, lets a round continue the newest checkpoint of its
+lineage instead of one a round older.
 
-Each ``Initialization`` is made by ``InitializationMaker``:
+What each round is comes from ``leaderboard.population.Planner`` (quota per algorithm;
+continue, branch or start a lineage) and ``InitializationMaker`` (weights, optimizer
+state, hyperparameters):
 
-* the algorithm is drawn from the experiment's mix (e.g. PPO:SAC:TD3 = 1:1:1);
-* with probability ``explore_p``, or while the leaderboard has no entry of that
-  algorithm, the agent starts fresh: default hyperparameters for the first ones of an
-  algorithm, then hyperparameters sampled from its search space;
-* otherwise the selection strategy picks a parent among that algorithm's top-K
-  entries; its weights and optimizer state travel with the initialization and its
-  hyperparameters are mutated inside the algorithm's search space (PBT
-  exploit/explore). Pinned hyperparameters of the experiment are never mutated.
+* a fresh lineage starts from the algorithm's tuned defaults (its first) or
+  hyperparameters sampled from its search space;
+* a continuation carries its parent's state and hyperparameters unchanged;
+* a branch carries its parent's state with hyperparameters mutated inside the
+  algorithm's search space (PBT exploit/explore). Pinned hyperparameters of the
+  experiment are never mutated.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import random
 
 from agents.base import AlgorithmRegistry, config_from_hparams, config_to_hparams
@@ -34,6 +33,7 @@ from broker.schemas import Initialization
 from broker.service import ServiceContext
 from broker.transport import Transport, connect
 from leaderboard.mutation import fresh_hparams, mutate_hparams
+from leaderboard.population import Plan, Planner, PopulationConfig
 from leaderboard.selection import build_selection
 from leaderboard.store import LeaderboardStore
 from podracer.control import sleep_or_stop, watch_stop
@@ -44,81 +44,122 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.25
 """Seconds between two looks at the queue."""
-DEFAULT_ROUND_S = 10.0
+DEFAULT_ROUND_S = 60.0
 """Assumed round length when the budget counts env steps only."""
+READY_ROUNDS = 3
+"""With ``population.ready_s = 0``, a lineage is judged after this many rounds."""
 
 
-def wanted_depth(consumers: int, round_s: float | None) -> int:
-    """One spare plus the rounds ``consumers`` pods finish in two polls."""
-    rate = consumers / max(round_s or DEFAULT_ROUND_S, POLL_S)
-    return 1 + math.ceil(2 * POLL_S * rate)
+def round_seconds(experiment: Experiment) -> float:
+    """The round's wall-clock budget (or ``DEFAULT_ROUND_S`` for a steps-only budget)."""
+    return experiment.round_budget.seconds or DEFAULT_ROUND_S
+
+
+def population_config(experiment: Experiment, pods: int) -> PopulationConfig:
+    """The experiment's population settings, with derived values filled in."""
+    spec = experiment.population
+    return PopulationConfig(members=spec.members or max(1, pods),
+                            ready_s=spec.ready_s or READY_ROUNDS * round_seconds(experiment),
+                            min_share=spec.min_share, explore_p=experiment.explore_p)
 
 
 class InitializationMaker:
-    """Selection plus mutation over the leaderboard; no I/O but the store's reads."""
+    """Plans rounds and builds their initializations; no I/O but the store's reads."""
 
     def __init__(self, experiment: Experiment, registry: AlgorithmRegistry,
-                 store: LeaderboardStore, rng: random.Random | None = None) -> None:
+                 store: LeaderboardStore, rng: random.Random | None = None,
+                 pods: int = 1) -> None:
         self.experiment = experiment
         self.registry = registry
         self.store = store
         self.rng = rng or random.Random(experiment.seed)
-        self.selection = build_selection(experiment.selection.name,
-                                         experiment.selection.params)
-        self._fresh_defaults: dict[str, int] = {}
+        selection = build_selection(experiment.selection.name, experiment.selection.params)
+        self.planner = Planner(experiment.algos, population_config(experiment, pods),
+                               selection, store, self.rng,
+                               lost_after_s=3 * round_seconds(experiment) + 120.0)
+        self._fresh: dict[str, int] = {}
 
-    def _algorithm(self) -> str:
-        names = sorted(self.experiment.algos)
-        weights = [self.experiment.algos[n] for n in names]
-        return self.rng.choices(names, weights=weights)[0]
+    def set_pods(self, pods: int) -> None:
+        """Follow the number of pods (lineages per algorithm, when derived)."""
+        if not self.experiment.population.members:
+            config = self.planner.config
+            members = max(config.members, pods)
+            if members != config.members:
+                self.planner.config = population_config(self.experiment, members)
 
     def make(self) -> Initialization:
         """The next initialization (see the module doc)."""
+        plan = self.planner.next()
+        init = self._build(plan)
+        self.planner.issued(init.id, plan)
+        return init
+
+    def _build(self, plan: Plan) -> Initialization:
         exp = self.experiment
-        algorithm = self._algorithm()
+        algorithm = plan.algorithm
         config_cls = self.registry.get(algorithm).config_cls
         pinned = exp.overrides_for(algorithm)
-        entries = self.store.top(exp.top_k, algorithm=algorithm)
-        parent = None
-        if entries and self.rng.random() >= exp.explore_p:
-            parent = self.selection.select(entries, self.rng)
         seed = self.rng.randrange(2**31)
+        common = {"experiment": exp.name, "algorithm": algorithm, "env": exp.env,
+                  "budget": exp.round_budget, "seed": seed}
+        parent = plan.parent
         if parent is None:
-            # the first pods of an algorithm start from its tuned defaults; later fresh
-            # ones explore the search space
-            if self._fresh_defaults.get(algorithm, 0) < 1 or not entries:
-                self._fresh_defaults[algorithm] = self._fresh_defaults.get(algorithm, 0) + 1
-                hparams = config_to_hparams(config_from_hparams(config_cls, pinned))
-            else:
-                hparams = fresh_hparams(config_cls, self.rng, overrides=pinned)
-            return Initialization(experiment=exp.name, algorithm=algorithm, env=exp.env,
-                                  hparams=hparams, budget=exp.round_budget, seed=seed)
-        hparams = mutate_hparams(config_cls, parent.hparams, self.rng, exp.mutation,
-                                 overrides=pinned)
-        return Initialization(experiment=exp.name, algorithm=algorithm, env=exp.env,
-                              hparams=hparams, budget=exp.round_budget, seed=seed,
-                              state=self.store.load_state(parent), parent_id=parent.id,
-                              generation=parent.generation + 1)
+            # an algorithm's first lineage starts from its tuned defaults; later fresh ones
+            # explore the search space
+            first = self._fresh.get(algorithm, 0) == 0
+            self._fresh[algorithm] = self._fresh.get(algorithm, 0) + 1
+            hparams = (config_to_hparams(config_from_hparams(config_cls, pinned)) if first
+                       else fresh_hparams(config_cls, self.rng, overrides=pinned))
+            return Initialization(hparams=hparams, **common)  # type: ignore[arg-type]
+        hparams = (mutate_hparams(config_cls, parent.hparams, self.rng, exp.mutation,
+                                  overrides=pinned) if plan.mutate else dict(parent.hparams))
+        return Initialization(hparams=hparams, state=self.store.load_state(parent),
+                              parent_id=parent.id, generation=parent.generation + 1,
+                              **common)  # type: ignore[arg-type]
+
+
+def wanted(consumers: int) -> int:
+    """Rounds to have in flight: one per consuming pod (one while none consumes)."""
+    return max(1, consumers)
 
 
 async def keep_stocked(ctx: ServiceContext[Settings], transport: Transport,
                        maker: InitializationMaker) -> int:
-    """Top the queue up until stopped; returns how many initializations were published."""
+    """Issue rounds just in time until stopped; returns how many were published."""
     published = 0
-    while not ctx.stopping.is_set():
-        try:
-            ready, consumers = await transport.queue_depth("generator")
-            wanted = wanted_depth(consumers, maker.experiment.round_budget.seconds)
-            for _ in range(max(0, wanted - ready)):
-                init = await asyncio.to_thread(maker.make)
-                await transport.publish("generator", init)
-                published += 1
-                log.info("queued %s: %s, generation %d, parent %s", init.id[:8],
-                         init.algorithm, init.generation, (init.parent_id or "fresh")[:8])
-        except BrokerError as exc:
-            log.warning("generator: broker unavailable (%s); retrying", exc)
-        if await sleep_or_stop(ctx, POLL_S):
-            break
+    changed = asyncio.Event()
+
+    async def follow() -> None:
+        async with transport.subscribe(["leaderboard.changed"]) as events:
+            async for _ in events:
+                changed.set()
+
+    follower = asyncio.create_task(follow())
+    try:
+        while not ctx.stopping.is_set():
+            try:
+                _, consumers = await transport.queue_depth("generator")
+                maker.set_pods(consumers)
+                while maker.planner.in_flight() < wanted(consumers) \
+                        and not ctx.stopping.is_set():
+                    init = await asyncio.to_thread(maker.make)
+                    await transport.publish("generator", init)
+                    published += 1
+                    log.info("queued %s: %s, generation %d, parent %s", init.id[:8],
+                             init.algorithm, init.generation, (init.parent_id or "fresh")[:8])
+            except BrokerError as exc:
+                log.warning("generator: broker unavailable (%s); retrying", exc)
+            changed.clear()
+            waiter = asyncio.create_task(changed.wait())
+            stopped = asyncio.create_task(sleep_or_stop(ctx, POLL_S))
+            done, _ = await asyncio.wait({waiter, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (waiter, stopped):
+                task.cancel()
+            if stopped in done and stopped.result():
+                break
+    finally:
+        follower.cancel()
+        await asyncio.gather(follower, return_exceptions=True)
     return published
 
 

@@ -199,8 +199,12 @@ class Updater:
                 log.warning("leaderboard.changed not sent: %s", exc)
 
 
-async def main(ctx: ServiceContext[Settings], reevaluate: bool = False) -> int:
-    """Run the updater until ``control.stop`` or SIGTERM, then drain and exit 0."""
+async def main(ctx: ServiceContext[Settings], reevaluate: bool = False,
+               pods_done: asyncio.Event | None = None) -> int:
+    """Run the updater until ``control.stop`` or SIGTERM, then drain and exit 0.
+
+    The drain ends after ``DRAIN_IDLE_S`` without a checkpoint, or as soon as the queue
+    is empty once ``pods_done`` is set (embedded mode knows when its pods returned)."""
     settings = ctx.settings
     registry = default_registry()
     blobs = FileBlobStore(settings.store)
@@ -213,7 +217,8 @@ async def main(ctx: ServiceContext[Settings], reevaluate: bool = False) -> int:
             try:
                 async with transport.consume("updater", prefetch=PREFETCH,
                                              expect=Checkpoint) as inbox:
-                    async for delivery in drain_until_idle(ctx, aiter(inbox), DRAIN_IDLE_S):
+                    async for delivery in drain_until_idle(ctx, aiter(inbox), DRAIN_IDLE_S,
+                                                            pods_done):
                         try:
                             await updater.handle(delivery)
                         except PodracerError as exc:

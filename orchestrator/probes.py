@@ -167,3 +167,21 @@ class FakeProbe:
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+def machine_pods(probe: NodeProbe | None = None) -> int:
+    """How many pods this machine runs well: one per GPU, else one per CPU core.
+
+    A pod's round is mostly one Python thread (env stepping, small tensor ops): on a
+    CPU a second torch thread per pod adds almost nothing (measured on 2 cores: SAC on
+    HalfCheetah 2134 env steps/s with 1 thread, 2013 with 2), while a second pod on the
+    other core doubles the work done. So the population fits the cores, one thread each.
+    """
+    own = probe is None
+    probe = probe or NodeProbe()
+    try:
+        load = probe.read()
+    finally:
+        if own:
+            probe.close()
+    return len(load.gpus) or max(1, load.cpu_count)

@@ -16,6 +16,7 @@ SIGTERM stops its own pods gracefully without stopping the experiment.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -27,9 +28,9 @@ from broker.schemas import LeaderboardChanged, Scale, Stop
 from broker.service import ServiceContext
 from broker.transport import Transport, connect
 from orchestrator.policy import QueueStats, ScalingDecider, ScalingPolicy, StopCondition
-from orchestrator.probes import NodeProbe, Probe
+from orchestrator.probes import NodeProbe, Probe, machine_pods
 from orchestrator.scalers import Scaler
-from podracer.control import sleep_or_stop, watch_stop
+from podracer.control import watch_stop
 from podracer.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -50,22 +51,27 @@ class Progress:
 
 
 def default_policy(settings: Settings, min_pods: int | None = None) -> ScalingPolicy:
-    """The population size as the ceiling; enough CPU share per pod to fit it."""
-    pods = settings.experiment.pods
+    """The population size as the ceiling (``machine_pods`` when the experiment leaves it
+    to the machine); enough CPU share per pod to fit it."""
+    pods = settings.experiment.pods or machine_pods()
     cores = os.cpu_count() or 1
     return ScalingPolicy(min_pods=min(pods, min_pods if min_pods is not None else 1),
                          max_pods=pods, cpu_per_pod=min(1.0, cores / pods), up_polls=2,
                          down_polls=3, cpu_high=95.0, cpu_low=60.0)
 
 
-async def follow_leaderboard(transport: Transport, progress: Progress) -> None:
-    """Keep ``progress`` up to date from ``leaderboard.changed`` events."""
+async def follow_leaderboard(transport: Transport, progress: Progress,
+                             changed: asyncio.Event | None = None) -> None:
+    """Keep ``progress`` up to date from ``leaderboard.changed`` events (and set
+    ``changed`` after each, so the stop condition is checked at once)."""
     async with transport.subscribe(["leaderboard.changed"]) as events:
         async for event in events:
             if isinstance(event, LeaderboardChanged):
                 progress.best_score = event.best_score
                 progress.checkpoints = event.checkpoints
                 progress.env_steps = event.total_env_steps
+                if changed is not None:
+                    changed.set()
 
 
 class Orchestrator:
@@ -84,6 +90,8 @@ class Orchestrator:
         self.progress = Progress()
         self.started = time.monotonic()
         self.stop_reason: str | None = None
+        self.changed = asyncio.Event()
+        """Set by ``follow_leaderboard``: the next poll comes at once."""
 
     async def step(self, first: bool) -> None:
         """One poll: read, decide, scale, reap."""
@@ -127,8 +135,10 @@ class Orchestrator:
                                       reason=self.stop_reason or "stopped"), "control.stop")
 
     async def run(self) -> None:
-        """Poll until the stop condition holds or the service is stopped."""
+        """Poll until the stop condition holds or the service is stopped; the stop
+        condition is also checked the moment the leaderboard changes."""
         first = True
+        next_step = time.monotonic()
         while not self.ctx.stopping.is_set():
             elapsed = time.monotonic() - self.started
             reason = self.stop_condition.check(self.progress.best_score, elapsed,
@@ -139,14 +149,23 @@ class Orchestrator:
                 await self._announce(Stop(experiment=self.ctx.settings.experiment.name,
                                           reason=reason), "control.stop")
                 return
-            await self.step(first)
-            first = False
-            await sleep_or_stop(self.ctx, self.poll_s)
+            if time.monotonic() >= next_step:
+                await self.step(first)
+                first = False
+                next_step = time.monotonic() + self.poll_s
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(),
+                                       max(0.0, next_step - time.monotonic()))
 
 
 async def main(ctx: ServiceContext[Settings], scaler: Scaler, probe: Probe | None = None,
-               policy: ScalingPolicy | None = None, poll_s: float = 1.0) -> int:
-    """Run the orchestrator with ``scaler``; stops its pods gracefully and exits 0."""
+               policy: ScalingPolicy | None = None, poll_s: float = 1.0,
+               remind_for_s: float = STOP_REMIND_FOR_S) -> int:
+    """Run the orchestrator with ``scaler``; stops its pods gracefully and exits 0.
+
+    After a stop it keeps announcing it for ``remind_for_s`` seconds, for pods it does
+    not own (0 when ``scaler`` owns every pod, as in embedded mode)."""
     settings = ctx.settings
     probe = probe or NodeProbe()
     policy = policy or default_policy(settings)
@@ -157,7 +176,8 @@ async def main(ctx: ServiceContext[Settings], scaler: Scaler, probe: Probe | Non
                       status_fn=lambda: f"{scaler.current()} pods")
         side: list[asyncio.Task[Any]] = [
             asyncio.create_task(watch_stop(ctx, transport)),
-            asyncio.create_task(follow_leaderboard(transport, orchestrator.progress))]
+            asyncio.create_task(follow_leaderboard(transport, orchestrator.progress,
+                                                   orchestrator.changed))]
         try:
             await orchestrator.run()
         finally:
@@ -168,7 +188,7 @@ async def main(ctx: ServiceContext[Settings], scaler: Scaler, probe: Probe | Non
             await asyncio.to_thread(scaler.close)
             if orchestrator.stop_reason is not None:
                 # keep reminding a little while for pods this node does not own
-                await asyncio.sleep(max(0.0, STOP_REMIND_FOR_S - (time.monotonic() - stop_at)))
+                await asyncio.sleep(max(0.0, remind_for_s - (time.monotonic() - stop_at)))
             for task in side:
                 task.cancel()
             await asyncio.gather(*side, return_exceptions=True)

@@ -27,14 +27,20 @@ async def watch_stop(ctx: ServiceContext[Any], transport: Transport) -> None:
 
 
 async def drain_until_idle(ctx: ServiceContext[Any], items: AsyncIterator[T],
-                           idle_s: float) -> AsyncIterator[T]:
-    """Yield ``items``; once ``ctx.stopping`` is set, end after ``idle_s`` without one."""
+                           idle_s: float, settled: asyncio.Event | None = None
+                           ) -> AsyncIterator[T]:
+    """Yield ``items``; once ``ctx.stopping`` is set, end after ``idle_s`` without one, or
+    as soon as none is waiting once ``settled`` is set (every producer has finished, as
+    embedded mode knows when its pods have returned)."""
     idle_since: float | None = None
     while True:
+        done = settled is not None and settled.is_set()
         try:
-            item = await asyncio.wait_for(anext(items), timeout=0.5)
+            item = await asyncio.wait_for(anext(items), timeout=0.05 if done else 0.5)
         except asyncio.TimeoutError:
             if ctx.stopping.is_set():
+                if done:
+                    return
                 idle_since = idle_since or time.monotonic()
                 if time.monotonic() - idle_since >= idle_s:
                     return

@@ -51,6 +51,35 @@ class SelectionSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class PopulationSpec:
+    """How the generator shares rounds between algorithms and lineages
+    (``leaderboard.population``); 0 means "derive it"."""
+
+    members: int = 0
+    """Lineages kept per algorithm; 0: one per pod seen consuming (at least 1)."""
+    ready_s: float = 0.0
+    """Seconds a lineage trains before it is judged; 0: three rounds' worth."""
+    min_share: float = 0.15
+    """Share of rounds each algorithm keeps once a leader is known."""
+
+
+MIN_ROUND_S = 10.0
+MAX_ROUND_S = 120.0
+ROUNDS_PER_BUDGET = 15
+
+
+def default_round_budget(total: TotalBudget) -> Budget:
+    """One fifteenth of the total seconds, within [10 s, 120 s] (60 s without a total).
+
+    Rounds cost little now that a lineage keeps its replay data and envs, but each ends
+    with an evaluation and a checkpoint; about 15 per pod let the population be judged
+    and reshaped several times within any budget."""
+    if total.seconds is None:
+        return Budget(seconds=60.0)
+    return Budget(seconds=min(MAX_ROUND_S, max(MIN_ROUND_S, total.seconds / ROUNDS_PER_BUDGET)))
+
+
+@dataclasses.dataclass(frozen=True)
 class Experiment:
     """A validated experiment; build it with ``load_experiment`` or ``parse_experiment``."""
 
@@ -62,8 +91,9 @@ class Experiment:
     """Algorithm mix: name -> relative weight (> 0) of new pods that train it."""
     round_budget: Budget
     """How long one training round (one Initialization) lasts: steps and/or seconds."""
-    pods: int = 4
-    """Population size: pods the orchestrator aims to run in total."""
+    pods: int = 0
+    """Pods the orchestrator aims to run in total; 0: from the machine (one per GPU, else
+    one per CPU core: see ``orchestrator.probes.machine_pods``)."""
     target_score: float | None = None
     """Stop when the best evaluated score reaches this (None: never by score)."""
     total_budget: TotalBudget = dataclasses.field(default_factory=TotalBudget)
@@ -74,8 +104,11 @@ class Experiment:
     """How the parent of an exploited initialization is chosen."""
     mutation: MutationConfig = dataclasses.field(default_factory=MutationConfig)
     """How an exploited initialization's hyperparameters are explored."""
-    explore_p: float = 0.2
-    """Share of initializations that start fresh even when the leaderboard is not empty."""
+    explore_p: float = 0.0
+    """Share of rounds that start a fresh lineage with sampled hyperparameters even when
+    the algorithm has checkpoints (each costs ``ready_s`` of training to judge)."""
+    population: PopulationSpec = dataclasses.field(default_factory=PopulationSpec)
+    """Lineages per algorithm, readiness and the per-algorithm quota."""
     eval_episodes: int = 8
     """Episodes the pod's evaluator averages per checkpoint score."""
     num_envs: Mapping[str, int] = dataclasses.field(default_factory=dict)
@@ -106,6 +139,7 @@ class Experiment:
             "eval_episodes": self.eval_episodes, "device": self.device, "seed": self.seed,
             "learners": self.learners,
             "selection": {"name": self.selection.name, **self.selection.params},
+            "population": dataclasses.asdict(self.population),
             "mutation": {"resample_p": self.mutation.resample_p,
                          "perturb_factors": list(self.mutation.perturb_factors)},
             "num_envs": dict(self.num_envs),
@@ -114,6 +148,8 @@ class Experiment:
         total = _drop_none(dataclasses.asdict(self.total_budget))
         if total:
             data["total_budget"] = total
+        if self.round_budget == default_round_budget(self.total_budget):
+            del data["round_budget"]  # derived: follows a changed total budget
         if self.target_score is not None:
             data["target_score"] = self.target_score
         return data
@@ -257,6 +293,15 @@ def _selection(table: _Table) -> SelectionSpec:
     return SelectionSpec(name=name, params=params)
 
 
+def _population(table: _Table) -> PopulationSpec:
+    spec = PopulationSpec(
+        members=table.required_integer("members", 0, 0),
+        ready_s=table.required_number("ready_s", 0.0, 0.0, math.inf),
+        min_share=table.required_number("min_share", 0.15, 0.0, 1.0))
+    table.finish()
+    return spec
+
+
 def _mutation(table: _Table) -> MutationConfig:
     resample_p = table.required_number("resample_p", 0.25, 0.0, 1.0)
     factors = table.raw("perturb_factors", [0.8, 1.25])
@@ -337,18 +382,21 @@ def parse_experiment(data: Mapping[str, Any],
         raise ConfigError("name", f"{name!r} is not a valid experiment name",
                           "use 1-64 letters, digits, '_' or '-' (it namespaces broker names)")
     algos = _algos(top.table("algos"))
+    total = _total_budget(top.table("total_budget"))
     exp = Experiment(
         name=name,
         env=top.string("env"),
         algos=algos,
-        round_budget=_round_budget(top.table("round_budget")),
-        pods=top.required_integer("pods", 4, 1),
+        round_budget=(_round_budget(top.table("round_budget")) if "round_budget" in top.data
+                      else default_round_budget(total)),
+        pods=top.required_integer("pods", 0, 0),
         target_score=top.number("target_score", None),
-        total_budget=_total_budget(top.table("total_budget")),
+        total_budget=total,
         top_k=top.required_integer("top_k", 8, 1),
         selection=_selection(top.table("selection")),
         mutation=_mutation(top.table("mutation")),
-        explore_p=top.required_number("explore_p", 0.2, 0.0, 1.0),
+        explore_p=top.required_number("explore_p", 0.0, 0.0, 1.0),
+        population=_population(top.table("population")),
         eval_episodes=top.required_integer("eval_episodes", 8, 1),
         num_envs=_num_envs(top.raw("num_envs", {}), algos),
         hparams=_hparams(top.table("hparams"), algos),

@@ -27,13 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from agents import pod as pod_service
+from agents.continuity import ReplayCache, default_cache_bytes
 from broker.memory import MemoryBroker
+from broker.schemas import Budget
 from broker.service import ServiceContext
 from broker.transport import connect, redact
 from leaderboard import generator as generator_service
 from leaderboard import updater as updater_service
 from orchestrator import service as orchestrator_service
 from orchestrator.embedded import TaskScaler
+from orchestrator.probes import machine_pods
 from podracer.monitor import Monitor
 from podracer.report import write_report
 from podracer.settings import Settings, write_experiment
@@ -54,13 +57,32 @@ class TrainResult:
     stop_reason: str | None
 
 
+class _EmbeddedPods:
+    """Pods of embedded mode: one replay cache for all; the first pod trains on a thread
+    of this process, every other one in a worker process of its own (one Python process
+    runs about one core's worth of an RL round, see ``agents.runner``)."""
+
+    def __init__(self) -> None:
+        self.cache = ReplayCache(default_cache_bytes())
+        self._thread_taken = False
+
+    async def main(self, ctx: ServiceContext[Settings]) -> int:
+        worker = "process" if self._thread_taken else "thread"
+        self._thread_taken = True
+        try:
+            return await pod_service.main(ctx, worker=worker, cache=self.cache)
+        finally:
+            if worker == "thread":
+                self._thread_taken = False
+
+
 async def _embedded(settings: Settings, monitor: Monitor) -> int:
     loop = asyncio.get_running_loop()
     hub = MemoryBroker()
     settings = dataclasses.replace(settings, memory=hub, broker="memory://")
     contexts = {role: ServiceContext(settings, role) for role in SERVICE_ROLES}
-    scaler = TaskScaler(pod_service.main, lambda name: dataclasses.replace(settings, name=name),
-                        loop)
+    pods = _EmbeddedPods()
+    scaler = TaskScaler(pods.main, lambda name: dataclasses.replace(settings, name=name), loop)
     policy = orchestrator_service.default_policy(settings, min_pods=settings.experiment.pods)
 
     def on_signal() -> None:
@@ -75,11 +97,16 @@ async def _embedded(settings: Settings, monitor: Monitor) -> int:
                        memory=hub) as transport:
         watcher = asyncio.create_task(monitor.follow(transport))
         # the updater and generator subscribe before the orchestrator can stop them
-        services = [asyncio.create_task(_guarded(updater_service.main(contexts["updater"]))),
+        pods_done = asyncio.Event()
+        services = [asyncio.create_task(_guarded(updater_service.main(
+                        contexts["updater"], pods_done=pods_done))),
                     asyncio.create_task(_guarded(generator_service.main(contexts["generator"])))]
         await asyncio.sleep(0.2)
-        services.append(asyncio.create_task(_guarded(orchestrator_service.main(
-            contexts["orchestrator"], scaler, policy=policy))))
+        orchestrator = asyncio.create_task(_guarded(orchestrator_service.main(
+            contexts["orchestrator"], scaler, policy=policy, remind_for_s=0.0)))
+        # the orchestrator returns once its scaler has stopped every pod (rounds published)
+        orchestrator.add_done_callback(lambda _: pods_done.set())
+        services.append(orchestrator)
         codes = await asyncio.gather(*services)
         await asyncio.sleep(0.3)  # let the last events reach the monitor
         watcher.cancel()
@@ -97,6 +124,12 @@ async def _guarded(coro: Any) -> int:
         log.error("service failed: %s: %s", type(exc).__name__, exc)
         log.debug("traceback", exc_info=True)
         return 1
+
+
+def _budget_text(budget: Budget) -> str:
+    parts = ([f"{budget.seconds:g} s"] if budget.seconds is not None else []) + (
+        [f"{budget.steps} steps"] if budget.steps is not None else [])
+    return " or ".join(parts)
 
 
 def _service_env(settings: Settings, experiment_file: Path) -> dict[str, str]:
@@ -150,17 +183,30 @@ async def _processes(settings: Settings, monitor: Monitor, out: Path) -> int:
     return max(codes.values())
 
 
+def fit_to_machine(settings: Settings) -> Settings:
+    """``settings`` with the population and torch threads the machine decides: pods from
+    ``machine_pods`` unless the experiment sets them, and one torch thread per pod
+    unless ``--threads`` says otherwise.
+
+    One thread, because a second one adds almost nothing to an RL round (see
+    ``machine_pods``), and an OpenMP pool wider than the free cores spins: with another
+    process busy, a 2-thread PPO pod on 2 cores ran 14x slower than a 1-thread one."""
+    exp = settings.experiment
+    if not exp.pods:
+        exp = dataclasses.replace(exp, pods=machine_pods())
+    return dataclasses.replace(settings, experiment=exp, torch_threads=settings.torch_threads or 1)
+
+
 def train(settings: Settings, out: Path, *, progress: bool = True) -> TrainResult:
     """Run a tournament to its stop condition; write ``out`` (see the module doc)."""
     out.mkdir(parents=True, exist_ok=True)
+    settings = dataclasses.replace(fit_to_machine(settings), store=out)
     exp = settings.experiment
-    # Pods sharing a CPU must not each spin a full-width OpenMP pool: oversubscribed,
-    # small batched ops get orders of magnitude slower.
-    threads = settings.torch_threads or max(1, (os.cpu_count() or 1) // exp.pods)
-    settings = dataclasses.replace(settings, store=out, torch_threads=threads)
     print(f"podracer: training {', '.join(exp.algos)} on {exp.env} with {exp.pods} pods "
           f"({'embedded' if settings.broker.startswith('memory') else redact(settings.broker)})"
-          f"; target {exp.target_score}; writing {out}", flush=True)
+          f"; {settings.torch_threads} torch thread(s) per pod; rounds of "
+          f"{_budget_text(exp.round_budget)}; target {exp.target_score}; writing {out}",
+          flush=True)
     monitor = Monitor(exp, out / "tb", echo=progress)
     started = time.monotonic()
     try:

@@ -1,0 +1,173 @@
+"""Learning continuity across rounds: a lineage keeps its replay data and its envs.
+
+Off-policy data stays valid for any policy, so a child that continues a lineage should
+train on everything its ancestors collected instead of filling an empty buffer again.
+Checkpoints on the wire carry weights, optimizer moments and counters, not the replay
+buffer (tens of MiB per round on MuJoCo, for every checkpoint ever stored). Instead:
+
+* ``ReplayCache`` keeps the replay rows a round ended with, keyed by the checkpoint id,
+  in the pod's process (all pods of ``podracer train``'s embedded mode share one), up
+  to a byte budget, least recently used out first. A child whose lineage is cached
+  starts with its newest rows; a fresh initialization, or a child whose parent's rows
+  live in another process (broker mode across nodes), starts with an empty buffer.
+  Pinning ``checkpoint_replay = true`` ships the buffer in the checkpoint instead.
+* ``EnvPool`` keeps a worker's envs between rounds: the next round on the same env and
+  copy count takes them back instead of building them again (MuJoCo builds are slow).
+
+Rows are kept in chronological order on the CPU (``replay.pos`` 0 for a full ring), so
+they load into a buffer of any capacity: a smaller one keeps the newest rows.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable, Mapping
+
+import torch
+
+from agents.replay import ReplayBuffer
+from envs.base import VecEnv
+
+log = logging.getLogger(__name__)
+
+Rows = dict[str, torch.Tensor]
+"""Replay rows as ``replay.<field>`` tensors plus ``replay.pos`` (``ReplayBuffer`` format)."""
+
+_FIELDS = ("obs", "action", "reward", "next_obs", "done")
+
+
+def replay_rows(buffer: ReplayBuffer) -> Rows:
+    """The filled rows of ``buffer``, oldest first, copied to the CPU."""
+    rows: Rows = {}
+    for name in _FIELDS:
+        store: torch.Tensor = getattr(buffer, name)[:buffer.size]
+        if buffer.size == buffer.capacity and buffer.pos:
+            store = torch.roll(store, -buffer.pos, dims=0)  # the oldest row sits at pos
+        rows["replay." + name] = store.detach().to("cpu", copy=True)
+    rows["replay.pos"] = torch.tensor(0, dtype=torch.int64)
+    return rows
+
+
+def fit_rows(rows: Mapping[str, torch.Tensor], capacity: int) -> Rows:
+    """``rows`` cut to the newest ``capacity`` (a child may have a smaller buffer)."""
+    size = rows["replay.obs"].shape[0]
+    if size <= capacity:
+        return dict(rows)
+    out = {k: v[size - capacity:] for k, v in rows.items() if k != "replay.pos"}
+    out["replay.pos"] = torch.tensor(0, dtype=torch.int64)
+    return out
+
+
+def rows_bytes(rows: Mapping[str, torch.Tensor]) -> int:
+    """Memory held by ``rows``."""
+    return sum(t.numel() * t.element_size() for t in rows.values())
+
+
+class ReplayCache:
+    """Replay rows of finished rounds by checkpoint id, within ``max_bytes`` (LRU).
+
+    ``get(parent)`` returns the newest rows of ``parent``'s lineage: those of its most
+    recently finished descendant when one is cached (they extend the parent's own), so
+    a lineage continued from an older checkpoint (its last child scored lower) keeps the
+    data the child collected. Thread-safe: pods finish rounds on worker threads."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._rows: collections.OrderedDict[str, Rows] = collections.OrderedDict()
+        self._parent: dict[str, str | None] = {}
+        self._newest: dict[str, str] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @property
+    def bytes(self) -> int:
+        """Memory the cached rows take."""
+        return self._bytes
+
+    def put(self, checkpoint_id: str, rows: Rows, parent_id: str | None = None) -> None:
+        """Remember ``rows`` as what checkpoint ``checkpoint_id``'s lineage collected."""
+        size = rows_bytes(rows)
+        if size > self.max_bytes:
+            log.info("replay of %s (%.0f MiB) exceeds the cache (%.0f MiB); not kept",
+                     checkpoint_id[:8], size / 2**20, self.max_bytes / 2**20)
+            return
+        with self._lock:
+            old = self._rows.pop(checkpoint_id, None)
+            if old is not None:
+                self._bytes -= rows_bytes(old)
+            self._rows[checkpoint_id] = rows
+            self._bytes += size
+            self._parent[checkpoint_id] = parent_id
+            ancestor: str | None = checkpoint_id
+            seen: set[str] = set()
+            while ancestor is not None and ancestor not in seen:
+                seen.add(ancestor)
+                self._newest[ancestor] = checkpoint_id
+                ancestor = self._parent.get(ancestor)
+            while self._bytes > self.max_bytes:
+                _, evicted = self._rows.popitem(last=False)
+                self._bytes -= rows_bytes(evicted)
+
+    def get(self, checkpoint_id: str | None) -> Rows | None:
+        """The newest rows of ``checkpoint_id``'s lineage (shared: never modify them)."""
+        if checkpoint_id is None:
+            return None
+        with self._lock:
+            for key in (self._newest.get(checkpoint_id), checkpoint_id):
+                rows = self._rows.get(key) if key is not None else None
+                if rows is not None:
+                    self._rows.move_to_end(key)  # type: ignore[arg-type]
+                    self.hits += 1
+                    return rows
+            self.misses += 1
+            return None
+
+
+def default_cache_bytes() -> int:
+    """A quarter of the memory available now, at most 8 GiB."""
+    import psutil
+
+    return min(8 * 2**30, psutil.virtual_memory().available // 4)
+
+
+class EnvPool:
+    """Envs kept between rounds, by (name, copies); at most ``keep`` kinds stay open."""
+
+    def __init__(self, make: Callable[[str, int], VecEnv], keep: int = 4) -> None:
+        self.make = make
+        self.keep = keep
+        self._idle: collections.OrderedDict[tuple[str, int], list[VecEnv]] = (
+            collections.OrderedDict())
+        self.built = 0
+
+    def take(self, name: str, copies: int) -> VecEnv:
+        """An idle env of this kind, or a new one."""
+        idle = self._idle.get((name, copies))
+        if idle:
+            return idle.pop()
+        self.built += 1
+        return self.make(name, copies)
+
+    def give_back(self, name: str, copies: int, env: VecEnv) -> None:
+        """Keep ``env`` for the next round; close the least recently used kinds."""
+        key = (name, copies)
+        self._idle.setdefault(key, []).append(env)
+        self._idle.move_to_end(key)
+        while len(self._idle) > self.keep:
+            _, envs = self._idle.popitem(last=False)
+            for old in envs:
+                old.close()
+
+    def close(self) -> None:
+        """Close every idle env."""
+        for envs in self._idle.values():
+            for env in envs:
+                env.close()
+        self._idle.clear()

@@ -1,0 +1,290 @@
+"""Where a pod's rounds run: a ``RoundRunner`` in a thread of the pod or in a process.
+
+The pod service owns the broker; a round (build the agent, train, evaluate) is pure
+compute handed to a worker as a ``RoundJob`` and returned as a ``RoundOutput``:
+
+* ``ThreadWorker`` runs the ``RoundRunner`` in a thread of the pod's process. One
+  pod per process (``podracer serve pod``) uses it.
+* ``ProcessWorker`` runs it in a child process of its own that lives as long as the
+  pod. Python holds one lock per process, and an RL round is mostly Python (env
+  stepping, small ops): two pods on threads of one process get about 1.2 cores of a
+  2-core machine; on processes they get both. Embedded mode gives every pod after
+  the first one such a worker.
+
+The runner keeps its envs between rounds (``EnvPool``). Jobs and outputs cross the
+process boundary as Python objects over a local pipe between a pod and the process it
+started itself, never over the network; what comes from the broker was decoded and
+validated by the pod before it became a job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing
+import multiprocessing.connection
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from agents.base import Agent, AlgorithmRegistry, Scalar
+from agents.continuity import EnvPool, Rows, fit_rows, replay_rows
+from agents.learners import LearnerGroup, build_learners
+from agents.replay import ReplayBuffer
+from agents.round import Progress, RoundResult, resolve_config, train_round
+from broker.errors import ConfigError, PodracerError
+from broker.schemas import Budget
+from envs.base import VecEnv
+
+log = logging.getLogger(__name__)
+
+Report = Callable[[Progress], None]
+ShouldStop = Callable[[], bool]
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundJob:
+    """One round to run: the agent to build (or restore) and how long to train it."""
+
+    algorithm: str
+    env: str
+    hparams: Mapping[str, Scalar]
+    seed: int
+    budget: Budget
+    state: Mapping[str, torch.Tensor] | None = None
+    """Weights, optimizer moments, counters of the parent (``None``: a fresh agent)."""
+    replay: Rows | None = None
+    """The parent lineage's replay rows, when this process has them."""
+    own_rng: bool = False
+    """Explore on ``seed``, not on the parent's RNG state (a child of a checkpoint)."""
+    target: float | None = None
+    """End the round as soon as an evaluation reaches it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundOutput:
+    """The round's result and the replay rows its lineage holds now (off-policy only)."""
+
+    result: RoundResult
+    replay: Rows | None
+
+
+class BuildError(PodracerError):
+    """The job cannot be built: the message is unusable (it goes to the dead letters)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunnerConfig:
+    """How a runner builds rounds; the same for every round of a pod."""
+
+    device: str = "cpu"
+    eval_episodes: int = 16
+    learners: int = 1
+    eval_every_s: float | str | None = "auto"
+    """Evaluation cadence within a round (see ``agents.round``)."""
+    torch_threads: int | None = None
+    """torch intra-op threads of a process worker (a thread worker leaves them alone)."""
+
+
+def buffer_of(agent: Agent) -> ReplayBuffer | None:
+    """The replay buffer of an off-policy agent (learner 0's in a group), else ``None``."""
+    if isinstance(agent, LearnerGroup):
+        agent = agent.learners[0]
+    buffer = getattr(agent, "buffer", None)
+    return buffer if isinstance(buffer, ReplayBuffer) else None
+
+
+class RoundRunner:
+    """Builds and trains rounds; envs stay open between rounds (see module doc)."""
+
+    def __init__(self, registry: AlgorithmRegistry, config: RunnerConfig,
+                 make_env: Callable[[str, int, torch.device], VecEnv]) -> None:
+        self.registry = registry
+        self.config = config
+        self.device = torch.device(config.device)
+        self.envs = EnvPool(lambda name, copies: make_env(name, copies, self.device))
+
+    def _build(self, job: RoundJob) -> tuple[Agent, list[VecEnv], VecEnv]:
+        config = resolve_config(self.registry, job.algorithm, job.hparams)
+        envs = [self.envs.take(job.env, config.num_envs) for _ in range(self.config.learners)]
+        eval_env = self.envs.take(job.env, self.config.eval_episodes)
+        state = job.state
+        if job.replay is not None and state is not None:
+            capacity = getattr(config, "buffer_size", None)
+            if isinstance(capacity, int):
+                state = {**state, **fit_rows(job.replay, capacity)}
+        try:
+            agent = build_learners(self.registry, job.algorithm, job.hparams, envs,
+                                   self.device, job.seed, state, own_rng=job.own_rng)
+        except BaseException:
+            self._give_back(job.env, envs, eval_env)
+            raise
+        return agent, envs, eval_env
+
+    def _give_back(self, name: str, envs: list[VecEnv], eval_env: VecEnv) -> None:
+        for env in [*envs, eval_env]:
+            self.envs.give_back(name, env.num_envs, env)
+
+    def run(self, job: RoundJob, report: Report | None = None,
+            should_stop: ShouldStop | None = None) -> RoundOutput:
+        """Build and train ``job``; ``BuildError`` when the job itself is unusable."""
+        try:
+            agent, envs, eval_env = self._build(job)
+        except ConfigError as exc:
+            raise BuildError(str(exc)) from None
+        except Exception as exc:
+            # Building depends only on the message: sizes that overflow an allocation, a
+            # state whose counters are not scalars... Every pod would fail the same way.
+            log.debug("traceback", exc_info=True)
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise BuildError(f"{type(exc).__name__}: {first}") from None
+        try:
+            result = train_round(agent, envs[0], eval_env, job.budget,
+                                 eval_every_s=self.config.eval_every_s, on_progress=report,
+                                 should_stop=should_stop,
+                                 eval_episodes=self.config.eval_episodes, target=job.target)
+        except BaseException:
+            for env in [*envs, eval_env]:  # mid-episode state of a failed round: rebuild
+                env.close()
+            raise
+        self._give_back(job.env, envs, eval_env)
+        buffer = buffer_of(agent)
+        return RoundOutput(result, replay_rows(buffer) if buffer is not None else None)
+
+    def close(self) -> None:
+        """Close the kept envs."""
+        self.envs.close()
+
+
+class ThreadWorker:
+    """Runs rounds in the calling thread (the pod calls ``run`` via ``to_thread``)."""
+
+    def __init__(self, runner: RoundRunner) -> None:
+        self.runner = runner
+
+    def run(self, job: RoundJob, report: Report | None = None,
+            should_stop: ShouldStop | None = None) -> RoundOutput:
+        """See ``RoundRunner.run``."""
+        return self.runner.run(job, report, should_stop)
+
+    def close(self) -> None:
+        """Close the runner's envs."""
+        self.runner.close()
+
+
+def _serve(conn: multiprocessing.connection.Connection, stop: Any,
+           registry_factory: Callable[[], AlgorithmRegistry], config: RunnerConfig,
+           make_env: Callable[[str, int, torch.device], VecEnv]) -> None:
+    """The worker process: run each job received on ``conn`` until ``None`` arrives."""
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    runner = RoundRunner(registry_factory(), config, make_env)
+    last = [0.0]
+
+    def report(progress: Progress) -> None:
+        # every iteration reports; the pipe carries evaluations and one report a second
+        if progress.score is not None or progress.seconds - last[0] >= 1.0:
+            last[0] = progress.seconds
+            conn.send(("progress", progress))
+
+    try:
+        while True:
+            job = conn.recv()
+            if job is None:
+                return
+            last[0] = 0.0
+            try:
+                output = runner.run(job, report, stop.is_set)
+            except BuildError as exc:
+                conn.send(("build-error", str(exc)))
+            except Exception as exc:
+                conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            else:
+                conn.send(("done", output))
+    except (EOFError, KeyboardInterrupt, BrokenPipeError):
+        return
+    finally:
+        runner.close()
+
+
+class ProcessWorker:
+    """Runs rounds in a child process that lives as long as this worker (module doc).
+
+    A worker whose process died is started again for the next round; the round it was
+    running fails with ``PodracerError`` (the pod returns it to the queue)."""
+
+    def __init__(self, registry_factory: Callable[[], AlgorithmRegistry], config: RunnerConfig,
+                 make_env: Callable[[str, int, torch.device], VecEnv]) -> None:
+        self._args = (registry_factory, config, make_env)
+        self._mp = multiprocessing.get_context("spawn")
+        self._lock = threading.Lock()
+        self._proc: Any = None
+        self._conn: multiprocessing.connection.Connection | None = None
+        self._stop = self._mp.Event()
+        self.start()
+
+    def start(self) -> None:
+        """Start the child process (done at construction, and again after it died)."""
+        parent, child = self._mp.Pipe()
+        self._proc = self._mp.Process(target=_serve, args=(child, self._stop, *self._args),
+                                      daemon=True, name="podracer-round-worker")
+        self._proc.start()
+        child.close()
+        self._conn = parent
+
+    def run(self, job: RoundJob, report: Report | None = None,
+            should_stop: ShouldStop | None = None) -> RoundOutput:
+        """See ``RoundRunner.run``; blocks until the child process answers."""
+        with self._lock:
+            if self._proc is None or not self._proc.is_alive():
+                self.start()
+            conn = self._conn
+            assert conn is not None
+            self._stop.clear()
+            try:
+                conn.send(job)
+                while True:
+                    if should_stop is not None and should_stop():
+                        self._stop.set()
+                    if not conn.poll(0.05):
+                        if not self._proc.is_alive():
+                            raise EOFError
+                        continue
+                    kind, payload = conn.recv()
+                    if kind == "progress":
+                        if report is not None:
+                            report(payload)
+                    elif kind == "done":
+                        output: RoundOutput = payload
+                        return output
+                    elif kind == "build-error":
+                        raise BuildError(payload)
+                    else:
+                        raise PodracerError(payload)
+            except (EOFError, BrokenPipeError, ConnectionResetError):
+                code = self._proc.exitcode
+                self._proc = None
+                raise PodracerError(f"round worker process died (exit code {code})") from None
+
+    def close(self) -> None:
+        """Ask the child to finish and wait for it (then terminate it)."""
+        with self._lock:
+            if self._proc is None:
+                return
+            try:
+                if self._conn is not None:
+                    self._conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            self._proc.join(timeout=10)
+            if self._proc.is_alive():
+                self._proc.terminate()
+                self._proc.join(timeout=5)
+            self._proc = None
+            if self._conn is not None:
+                self._conn.close()
+
+
+Worker = ThreadWorker | ProcessWorker
