@@ -81,6 +81,8 @@ class RoundResult:
     """An evaluation was not finite (the agent's weights blew up)."""
     reached_target: bool = False
     """An evaluation reached the target and ended the round."""
+    eval_every_s: float | None = None
+    """The evaluation interval the round ended with (``"auto"`` adapts it)."""
 
 
 def resolve_config(registry: AlgorithmRegistry, algorithm: str, hparams: Mapping[str, Scalar]
@@ -157,13 +159,14 @@ class _Evaluations:
 
     def __init__(self, agent: Agent, eval_env: VecEnv, episodes: int,
                  every_s: float | str | None, target: float | None,
-                 on_best: Callable[[EvalResult, dict[str, torch.Tensor], int], None] | None
-                 ) -> None:
+                 on_best: Callable[[EvalResult, dict[str, torch.Tensor], int], None] | None,
+                 auto_start_s: float | None) -> None:
         self.agent = agent
         self.eval_env = eval_env
         self.episodes = episodes
         self.auto = every_s == "auto"
-        self.every_s = MIN_EVAL_EVERY_S if self.auto else every_s
+        self.every_s: float | None = (auto_start_s or MIN_EVAL_EVERY_S) if self.auto \
+            else None if every_s is None else float(every_s)
         self.target = target
         self.on_best = on_best
         self.start = time.monotonic()
@@ -175,8 +178,7 @@ class _Evaluations:
         self.reached = False
 
     def due(self) -> bool:
-        return (self.every_s is not None
-                and time.monotonic() - self.last >= float(self.every_s))
+        return self.every_s is not None and time.monotonic() - self.last >= self.every_s
 
     def run(self) -> EvalResult:
         began = time.monotonic()
@@ -215,10 +217,14 @@ def train_round(
     eval_episodes: int = 32,
     target: float | None = None,
     on_best: Callable[[EvalResult, dict[str, torch.Tensor], int], None] | None = None,
+    auto_start_s: float | None = None,
 ) -> RoundResult:
     """Train ``agent`` on ``env`` until ``budget``, ``target`` or ``should_stop()``; see
-    the module doc. ``on_best(result, state, round_steps)`` hears of each new best."""
-    evals = _Evaluations(agent, eval_env, eval_episodes, eval_every_s, target, on_best)
+    the module doc. ``on_best(result, state, round_steps)`` hears of each new best;
+    ``auto_start_s`` is the first interval of ``eval_every_s="auto"`` (the previous
+    round's ``eval_every_s``: a continued lineage need not be evaluated at once)."""
+    evals = _Evaluations(agent, eval_env, eval_episodes, eval_every_s, target, on_best,
+                         auto_start_s)
     start = evals.start
     metrics: dict[str, float] = {}
     final: EvalResult | None = None
@@ -252,4 +258,4 @@ def train_round(
     return RoundResult(score_mean=best_mean, score_std=best_std, env_steps=steps,
                        total_env_steps=agent.env_steps, wall_time=wall, curve=evals.curve,
                        metrics=out_metrics, best_state=best.state, diverged=evals.diverged,
-                       reached_target=evals.reached)
+                       reached_target=evals.reached, eval_every_s=evals.every_s)

@@ -105,6 +105,8 @@ class RoundRunner:
         self.config = config
         self.device = torch.device(config.device)
         self.envs = EnvPool(lambda name, copies: make_env(name, copies, self.device))
+        self._eval_every: dict[str, float] = {}
+        """The evaluation interval each env's last round ended with."""
 
     def _build(self, job: RoundJob) -> tuple[Agent, list[VecEnv], VecEnv]:
         config = resolve_config(self.registry, job.algorithm, job.hparams)
@@ -144,12 +146,15 @@ class RoundRunner:
             result = train_round(agent, envs[0], eval_env, job.budget,
                                  eval_every_s=self.config.eval_every_s, on_progress=report,
                                  should_stop=should_stop,
-                                 eval_episodes=self.config.eval_episodes, target=job.target)
+                                 eval_episodes=self.config.eval_episodes, target=job.target,
+                                 auto_start_s=self._eval_every.get(job.env))
         except BaseException:
             for env in [*envs, eval_env]:  # mid-episode state of a failed round: rebuild
                 env.close()
             raise
         self._give_back(job.env, envs, eval_env)
+        if result.eval_every_s is not None:
+            self._eval_every[job.env] = result.eval_every_s
         buffer = buffer_of(agent)
         return RoundOutput(result, replay_rows(buffer) if buffer is not None else None)
 
@@ -181,7 +186,7 @@ def _serve(conn: multiprocessing.connection.Connection, stop: Any,
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     runner = RoundRunner(registry_factory(), config, make_env)
-    last = [0.0]
+    last = [-1.0]
 
     def report(progress: Progress) -> None:
         # every iteration reports; the pipe carries evaluations and one report a second
@@ -194,7 +199,7 @@ def _serve(conn: multiprocessing.connection.Connection, stop: Any,
             job = conn.recv()
             if job is None:
                 return
-            last[0] = 0.0
+            last[0] = -1.0
             try:
                 output = runner.run(job, report, stop.is_set)
             except BuildError as exc:

@@ -1,42 +1,64 @@
-"""Does the tournament beat vanilla training? Tournament vs vanilla PPO vs best of 4.
+"""Does the default ``podracer train`` beat the best thing a user could run instead?
 
-Equal total compute means EQUAL WALL-CLOCK BUDGET on the same machine (what the
-paper's figures use), ``--budget`` seconds per run:
+Same machine, same wall time, one run at a time (each in a fresh process, alone on the
+machine). Rows:
 
-* ``tournament``: ``podracer.train`` in embedded mode (memory transport): 4 pods,
-  PPO:SAC:TD3 = 1:1:1, tournament selection (size 3), explore_p 0.2, rounds of
-  ``round`` seconds, total budget ``--budget`` seconds. The 4 pods share the cores
-  (torch threads: ``--pool-threads``).
-* ``vanilla PPO``: one PPO agent with default hyperparameters, alone, for the same wall
-  budget (torch threads: ``--threads``, so it may use both cores).
-* ``best of 4``: 4 independent agents, one per slot of the mix (PPO, SAC, TD3, PPO),
-  trained concurrently for the same wall budget (so they split the machine the way the
-  pods do), with no selection, mutation or restarts.
+* ``tournament``: the default ``podracer train`` for the env, embedded mode, through the
+  Python API (``default_experiment(env, total_budget=..., seed=..., target_score=...)``,
+  ``podracer.train.train``). Pods, round budget, torch threads and algorithms are the
+  defaults, whatever they are: this row measures the defaults.
+* ``ppo``, ``sac``, ``td3``: ONE agent with its tuned default hyperparameters, with the
+  whole machine (``torch.set_num_threads(os.cpu_count())``), trained in one round for
+  the whole budget, evaluated in training every ``Task.eval_every_s`` (2 s Pendulum,
+  20 s MuJoCo; as many episodes as the default experiment's pods evaluate); on Pendulum
+  it stops at the target. ``Task.pins`` (empty) would pin hyperparameters per task.
+* ``ppo-random``, ``sac-random``, ``td3-random``: the same with hyperparameters drawn from
+  the algorithm's search space (``leaderboard.mutation.fresh_hparams``), ``--draws``
+  draws (default 3) per seed, RNG seeded ``seed * 1000 + draw``: a user with a new env
+  and no tuned defaults. Row figures are over all seeds x draws.
+* ``best-of-4``: 4 independent default agents (PPO, SAC, TD3, PPO) trained concurrently
+  in threads for the same wall budget (splitting the machine as the pods do, torch
+  threads ``cpu_count // 4``); the best of the four counts (the one with the best
+  in-training score; on Pendulum the first to reach the target, which stops all four).
 
-Baseline agents are checkpointed at the end of each round of the same length as the
-pods' rounds (``agents.round.train_round``, 8-episode in-training evaluation, as the
-pods). Scoring happens after the clock stopped, identically for every contestant (see
-``benchmarks.tournament_runs``): final score = best 32-episode deterministic
-re-evaluation of the 4 best checkpoints; time to target = first checkpoint whose
-in-training score and 32-episode re-evaluation both reach the target, in seconds from
-the run's start.
+Tasks and scoring (see ``benchmarks.tournament_runs`` for the details):
 
-Tasks: ``pendulum`` = ``torch/Pendulum-v1``, target -200 (solved). ``mujoco`` =
-``gym/Hopper-v5``, target 1000: Hopper pays 1 per step alive, so 1000 means a policy
-that stays up (and moves) for most of an episode, reachable on a 2-core CPU in minutes,
-while HalfCheetah's 1000 needs more steps than this budget gives. Off-policy defaults
-are tuned for Pendulum; on MuJoCo every algorithm keeps its defaults except
-``num_envs`` (PPO 256, SAC and TD3 16) so one iteration fits a short round.
+* ``pendulum`` (``torch/Pendulum-v1``): wall seconds from the start of the run to the
+  first in-training evaluation reaching -200 (tournament: the ``created`` time of the
+  first checkpoint in its store scoring -200, counted from the call to ``train()``), cap
+  60 s (``--budget``): a run that does not reach it counts as the cap and the row prints
+  ``> cap`` (or ``>= mean`` when only some runs missed). The checkpoint that reached the
+  target is re-evaluated (10 deterministic seeded episodes: ``confirm``); the
+  tournament's total ``train()`` wall time is printed too. Ratios: time / best tuned
+  lone agent's time, and time / 16 s (SB3 PPO on Pendulum, measured once on this
+  machine; a constant here, ``SB3_PPO_PENDULUM_S``).
+* ``halfcheetah`` (``gym/HalfCheetah-v5``), ``hopper`` (``gym/Hopper-v5``): no target;
+  each run gets its full budget (300 s, ``--budget``); the score is a 10-episode
+  deterministic, seeded re-evaluation of the run's best checkpoint (tournament: the
+  leaderboard's top-1; lone agents: their best in-training evaluation). Columns: score
+  / best tuned lone agent's score (the ``ppo``/``sac``/``td3`` row with the best mean in
+  this run), whether the row beats every random-hparam row run, and its std / the std
+  of the best tuned lone row that has 2+ runs (``sac`` in the minimum plan).
 
-    python -m benchmarks.tournament --tasks pendulum,mujoco --seeds 3
+Plans (rows x seeds):
+
+* default: ``--tasks`` x ``--methods`` x ``--seeds``, adjusted by ``--task-seeds``
+  (``pendulum=3,halfcheetah=1,halfcheetah/sac=3``; 0 drops a row).
+* ``--plan minimum``: Pendulum every row 3 seeds; HalfCheetah ``tournament`` and the best
+  tuned lone agent (``sac``) 3 seeds, every other row 1 seed; Hopper ``tournament`` and
+  the best tuned lone agent (``sac``) 1 seed, nothing else. ``--tasks``/``--methods``
+  filter it.
+* ``--quick``: smoke run, about 3 minutes: pendulum and halfcheetah, rows tournament,
+  sac, ppo-random (1 draw) and best-of-4, 1 seed, 20 s per run.
+
+    python -m benchmarks.tournament --plan minimum          # the answer (over an hour)
     python -m benchmarks.tournament --quick
-    python -m benchmarks.tournament --tasks pendulum --methods tournament --mix ppo:1
+    python -m benchmarks.tournament --tasks pendulum --seeds 1
+    python -m benchmarks.tournament --tasks halfcheetah --methods tournament,sac --budget 600
 
-Known handicap of the tournament (library behaviour, measured here, not corrected):
-on ``control.stop`` a pod drops its unfinished round (nack, no checkpoint), so the
-compute of the last partial round of every pod never reaches the leaderboard.
-
-The machine is shared: figures are noisy; run it on an idle machine to compare.
+Results (every run, raw) go to ``runs/bench-tournament/results.json`` after each run;
+tournament stores to ``runs/bench-tournament/<task>/tournament-s<seed>``. The machine
+must be otherwise idle: the figures are wall-clock figures.
 """
 
 from __future__ import annotations
@@ -48,137 +70,302 @@ import logging
 import math
 import statistics
 import time
+import traceback
 from pathlib import Path
 
 from benchmarks.tournament_runs import (
-    BEST_OF_4_ALGOS,
-    DEFAULT_MIX,
-    Outcome,
+    RunResult,
     Task,
-    run_independent,
+    in_subprocess,
+    run_best_of_4,
+    run_lone,
     run_tournament,
 )
 from broker.errors import ConfigError
 
 TASKS = {
-    "pendulum": Task("pendulum", "torch/Pendulum-v1", -200.0, budget=60.0, round_seconds=15.0),
-    "mujoco": Task("mujoco", "gym/Hopper-v5", 1000.0, budget=180.0, round_seconds=30.0,
-                   num_envs={"ppo": 256, "sac": 16, "td3": 16}),
+    "pendulum": Task("pendulum", "torch/Pendulum-v1", -200.0, budget=60.0, eval_every_s=2.0),
+    "halfcheetah": Task("halfcheetah", "gym/HalfCheetah-v5", None, budget=300.0,
+                        eval_every_s=20.0),
+    "hopper": Task("hopper", "gym/Hopper-v5", None, budget=300.0, eval_every_s=20.0),
 }
-METHODS = ("tournament", "vanilla PPO", "best of 4")
+LONE = ("ppo", "sac", "td3")
+RANDOM = tuple(f"{algo}-random" for algo in LONE)
+METHODS = ("tournament", *LONE, *RANDOM, "best-of-4")
+OUT = Path("runs/bench-tournament")
+SB3_PPO_PENDULUM_S = 16.0
+"""Wall seconds SB3 PPO needed to reach -200 on Pendulum on this machine (measured)."""
+Plan = dict[str, dict[str, int]]
+"""task -> method -> seeds."""
+MINIMUM_PLAN: Plan = {
+    "pendulum": dict.fromkeys(METHODS, 3),
+    "halfcheetah": {**dict.fromkeys(METHODS, 1), "tournament": 3, "sac": 3},
+    "hopper": {"tournament": 1, "sac": 1},
+}
+QUICK_TASKS = ("pendulum", "halfcheetah")
+QUICK_METHODS = ("tournament", "sac", "ppo-random", "best-of-4")
+QUICK_BUDGET = 20.0
 
 
-def run_one(task: Task, method: str, seed: int, budget: float, args: argparse.Namespace
-            ) -> Outcome:
-    """One run of ``method`` on ``task``, scored."""
+def run_one(task: Task, method: str, seed: int, draw: int | None, budget: float
+            ) -> RunResult:
+    """One run of ``method`` on ``task`` in a fresh process, scored."""
     if method == "tournament":
-        out = Path(args.out) / task.key / f"tournament-s{seed}"
-        return run_tournament(task, seed, budget, out, args.pool_threads, args.mix)
-    if method == "vanilla PPO":
-        return run_independent(task, method, ("ppo",), seed, budget, args.threads)
-    return run_independent(task, method, BEST_OF_4_ALGOS, seed, budget, args.pool_threads)
+        out = OUT / task.key / f"tournament-s{seed}"
+        return in_subprocess(run_tournament, task, seed, budget, out)
+    if method == "best-of-4":
+        return in_subprocess(run_best_of_4, task, seed, budget)
+    return in_subprocess(run_lone, task, method, method.removesuffix("-random"), seed,
+                         budget, draw)
 
 
-def _mean_std(values: list[float]) -> str:
-    finite = [v for v in values if math.isfinite(v)]
-    if not finite:
-        return "n/a"
-    std = statistics.pstdev(finite) if len(finite) > 1 else 0.0
-    return f"{statistics.fmean(finite):8.1f} ± {std:6.1f}"
-
-
-def table(task: Task, budget: float, outcomes: list[Outcome], seeds: int) -> str:
-    """The side-by-side table of one task."""
-    lines = [f"\n== {task.env}: {budget:g} s wall per run, target {task.target:g}, "
-             f"{seeds} seed(s) ==",
-             f"{'method':12} {'final score (mean ± std)':>26} {'time to target s':>18} "
-             f"{'reached':>8} {'env steps':>11} {'ckpts':>6}"]
-    for method in METHODS:
-        rows = [o for o in outcomes if o.method == method]
-        if not rows:
-            continue
-        times = [o.time_to_target for o in rows if o.time_to_target is not None]
-        ttt = f"{statistics.fmean(times):.1f}" if times else "-"
-        steps = statistics.fmean(o.env_steps for o in rows)
-        ckpts = statistics.fmean(o.checkpoints for o in rows)
-        lines.append(f"{method:12} {_mean_std([o.final_score for o in rows]):>26} {ttt:>18} "
-                     f"{len(times):>4}/{len(rows):<3} {steps:11.0f} {ckpts:6.1f}")
-    return "\n".join(lines)
-
-
-def _mix(text: str) -> dict[str, float]:
-    """``"ppo:2,sac:1"`` -> ``{"ppo": 2.0, "sac": 1.0}`` (a missing weight is 1)."""
-    mix: dict[str, float] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, _, weight = item.partition(":")
+def run_with_retry(task: Task, method: str, seed: int, draw: int | None, budget: float,
+                   retries: int) -> RunResult:
+    """``run_one``; on an exception wait a minute and retry (other code may be in flux)."""
+    for attempt in range(retries + 1):
         try:
-            mix[name] = float(weight) if weight else 1.0
-        except ValueError:
-            raise ConfigError("--mix", f"bad weight in {item!r}", "e.g. ppo:2,sac:1") from None
-    if not mix:
-        raise ConfigError("--mix", "no algorithm given", "e.g. ppo:1,sac:1,td3:1")
-    return mix
+            return run_one(task, method, seed, draw, budget)
+        except Exception as exc:
+            traceback.print_exc()
+            error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            if attempt < retries:
+                print(f"[{task.key}] {method} seed {seed}: failed ({error}); retrying in 60 s",
+                      flush=True)
+                time.sleep(60)
+    return RunResult(task.key, method, seed, draw, error=error, failed=True)
+
+
+def _describe(r: RunResult) -> str:
+    def fmt(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    return (f"[{r.task}] {r.method:11} seed {r.seed}"
+            + (f" draw {r.draw}" if r.draw is not None else "")
+            + f": target at {fmt(r.time_to_target)} s (confirm {fmt(r.confirm)}), "
+            f"score {fmt(r.score)} (in training {fmt(r.in_training_best)}, {r.algorithm}), "
+            f"{r.env_steps} steps, {r.checkpoints} ckpts, wall {r.wall:.1f} s"
+            + (f" ERROR {r.error}" if r.error else ""))
+
+
+def execute(plan: Plan, budgets: dict[str, float], draws: int, retries: int
+            ) -> list[RunResult]:
+    """Every run of ``plan`` in turn (seed by seed, so early seeds give a full table)."""
+    results: list[RunResult] = []
+    OUT.mkdir(parents=True, exist_ok=True)
+    for key, rows in plan.items():
+        task = TASKS[key]
+        for seed in range(max(rows.values(), default=0)):
+            for method in (m for m in METHODS if rows.get(m, 0) > seed):
+                for draw in (range(draws) if method in RANDOM else [None]):
+                    started = time.monotonic()
+                    result = run_with_retry(task, method, seed, draw, budgets[key], retries)
+                    results.append(result)
+                    print(_describe(result) + f"; took {time.monotonic() - started:.0f} s",
+                          flush=True)
+                    (OUT / "results.json").write_text(json.dumps(
+                        {"budgets": budgets, "plan": plan,
+                         "runs": [dataclasses.asdict(r) for r in results]}, indent=1))
+    return results
+
+
+def _split(text: str | None) -> list[str]:
+    return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def _check(names: list[str], known: tuple[str, ...], flag: str) -> None:
+    for name in names:
+        if name not in known:
+            raise ConfigError(flag, f"unknown name {name!r}", f"use {', '.join(known)}")
+
+
+def build_plan(args: argparse.Namespace) -> Plan:
+    """Rows x seeds from the flags (see the module doc)."""
+    tasks = _split(args.tasks) or list(QUICK_TASKS if args.quick else TASKS)
+    methods = _split(args.methods) or list(QUICK_METHODS if args.quick else METHODS)
+    _check(tasks, tuple(TASKS), "--tasks")
+    _check(methods, METHODS, "--methods")
+    if args.plan == "minimum":
+        return {t: {m: n for m, n in MINIMUM_PLAN[t].items() if m in methods}
+                for t in tasks if t in MINIMUM_PLAN}
+    seeds = 1 if args.quick else args.seeds
+    plan: Plan = {t: dict.fromkeys(methods, seeds) for t in tasks}
+    overrides = [item.partition("=") for item in _split(args.task_seeds)]
+    # task-wide counts first, then task/method ones
+    for name, _, count in sorted(overrides, key=lambda o: "/" in o[0]):
+        task, _, method = name.partition("/")
+        _check([task], tuple(TASKS), "--task-seeds")
+        if task not in plan:
+            continue
+        if not count.isdigit():
+            raise ConfigError("--task-seeds", f"bad count in {name}={count}", "e.g. hopper=1")
+        for m in ([method] if method else list(plan[task])):
+            _check([m], METHODS, "--task-seeds")
+            plan[task][m] = int(count)
+    return plan
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", default="pendulum,mujoco")
-    parser.add_argument("--seeds", type=int, default=3)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--tasks", help=f"comma-separated, of {', '.join(TASKS)}")
+    parser.add_argument("--methods", help=f"comma-separated, of {', '.join(METHODS)}")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per row (default 3)")
+    parser.add_argument("--task-seeds", help="per-task/row seeds: pendulum=3,halfcheetah/sac=3")
+    parser.add_argument("--plan", choices=("minimum",), help="the minimum plan (module doc)")
+    parser.add_argument("--draws", type=int, default=None,
+                        help="random-hparam draws per seed (default 3; --quick 1)")
     parser.add_argument("--budget", type=float, default=None,
-                        help="wall seconds per run (default: the task's)")
-    parser.add_argument("--methods", default=",".join(METHODS))
-    parser.add_argument("--threads", type=int, default=2, help="torch threads, vanilla PPO")
-    parser.add_argument("--pool-threads", type=int, default=1,
-                        help="torch threads of the 4-worker contestants")
-    parser.add_argument("--mix", type=_mix, default=None,
-                        help="tournament algorithm mix, e.g. ppo:1 (default ppo:1,sac:1,td3:1)")
-    parser.add_argument("--quick", action="store_true", help="1 seed, tiny budget: smoke run")
-    parser.add_argument("--out", default="/tmp/podracer-bench-tournament")
-    args = parser.parse_args(argv)
-    for key in args.tasks.split(","):
-        if key not in TASKS:
-            raise ConfigError("--tasks", f"unknown task {key!r}", f"use {', '.join(TASKS)}")
-    for method in args.methods.split(","):
-        if method not in METHODS:
-            raise ConfigError("--methods", f"unknown method {method!r}",
-                              f"use {', '.join(METHODS)}")
-    return args
+                        help="wall seconds per run, the cap on Pendulum (default: the task's)")
+    parser.add_argument("--retries", type=int, default=1, help="retries of a failed run")
+    parser.add_argument("--quick", action="store_true", help="smoke run, about 3 minutes")
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run every (task, seed, method) in turn, print per-run lines and the tables."""
+    """Run the plan, print each run as it ends, then the tables and raw values."""
     args = _parse(argv)
     logging.basicConfig(level=logging.WARNING)
-    seeds = 1 if args.quick else args.seeds
-    methods = args.methods.split(",")
-    print("equal compute = equal wall-clock budget per run on this machine; tournament and "
-          "best-of-4 run 4 workers sharing the cores, vanilla PPO runs alone. "
-          "Machine shared with other jobs: figures are noisy.", flush=True)
-    print(f"tournament mix: {args.mix or DEFAULT_MIX}; best of 4: {', '.join(BEST_OF_4_ALGOS)}",
-          flush=True)
-    tables: list[str] = []
-    results: list[dict[str, object]] = []
-    for key in args.tasks.split(","):
-        task = TASKS[key]
-        if args.quick:
-            task = dataclasses.replace(task, round_seconds=task.round_seconds / 5)
-        budget = args.budget or (task.budget / 6 if args.quick else task.budget)
-        outcomes: list[Outcome] = []
-        for seed in range(seeds):
-            for method in methods:
-                started = time.monotonic()
-                outcome = run_one(task, method, seed, budget, args)
-                outcomes.append(outcome)
-                results.append({"task": key, **dataclasses.asdict(outcome)})
-                print(f"[{key}] {method:12} seed {seed}: final {outcome.final_score:8.1f}, "
-                      f"target at {outcome.time_to_target}, {outcome.env_steps} steps, "
-                      f"{outcome.checkpoints} ckpts, run {outcome.wall:.1f}s, "
-                      f"with scoring {time.monotonic() - started:.1f}s", flush=True)
-        tables.append(table(task, budget, outcomes, seeds))
-        print(tables[-1], flush=True)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "results.json").write_text(json.dumps(results, indent=2))
-    print("\n".join(tables))
+    plan = build_plan(args)
+    budgets = {key: args.budget or (QUICK_BUDGET if args.quick else TASKS[key].budget)
+               for key in plan}
+    draws = args.draws or (1 if args.quick else 3)
+    print("plan (seeds per row): " + "; ".join(
+        f"{key}: " + ", ".join(f"{m} {n}" for m, n in rows.items() if n)
+        for key, rows in plan.items()) + f"; random rows x {draws} draws", flush=True)
+    results = execute(plan, budgets, draws, args.retries)
+    print(report([TASKS[key] for key in plan], budgets, results))
+    print(f"\nraw results: {OUT / 'results.json'}")
+
+
+# ------------------------------------------------------------------ the report
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One (task, method) row: its metric over every run that did not fail."""
+
+    method: str
+    runs: list[RunResult]
+    values: list[float]
+    missed: int
+    """Runs that did not reach the target (their value is the cap)."""
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values) if self.values else math.nan
+
+    @property
+    def std(self) -> float:
+        return statistics.stdev(self.values) if len(self.values) > 1 else 0.0
+
+    def cell(self) -> str:
+        """``mean ± std`` (sample std), or the mean alone for one run."""
+        if not self.values:
+            return "n/a"
+        return f"{self.mean:.1f}" + (f" ± {self.std:.1f}" if len(self.values) > 1 else "")
+
+
+def _rows(task: Task, cap: float, results: list[RunResult]) -> dict[str, Row]:
+    rows: dict[str, Row] = {}
+    for method in METHODS:
+        runs = [r for r in results if r.task == task.key and r.method == method]
+        ok = [r for r in runs if not r.failed]
+        if task.target is not None:
+            values = [cap if r.time_to_target is None else r.time_to_target for r in ok]
+            missed = sum(r.time_to_target is None for r in ok)
+        else:
+            values, missed = [r.score for r in ok if r.score is not None], 0
+        if runs:
+            rows[method] = Row(method, runs, values, missed)
+    return rows
+
+
+def _ratio(a: float, b: float | None) -> str:
+    return "-" if b is None or b == 0 or math.isnan(a) or math.isnan(b) else f"{a / b:.2f}"
+
+
+def _time_cell(row: Row, cap: float) -> str:
+    if not row.values:
+        return "n/a"
+    if row.missed == len(row.values):
+        return f"> {cap:g}"
+    return (">= " if row.missed else "") + row.cell()
+
+
+def _pendulum_table(task: Task, cap: float, rows: dict[str, Row]) -> list[str]:
+    lone = [r for m, r in rows.items() if m in LONE and r.values]
+    best = min(lone, key=lambda r: r.mean, default=None)
+    lines = [f"{'method':11} {'seconds to target':>18} {'n':>3} {'reached':>7} "
+             f"{'confirm':>8} {'/ best lone':>11} {'/ SB3 16 s':>10} {'train() s':>9}",
+             f"(best tuned lone agent: {best.method if best else 'none run'})"]
+    for method, row in rows.items():
+        confirms = [r.confirm for r in row.runs if r.confirm is not None]
+        confirm = f"{statistics.fmean(confirms):.0f}" if confirms else "-"
+        walls = [r.wall for r in row.runs if method == "tournament" and not r.failed]
+        wall = f"{statistics.fmean(walls):.1f}" if walls else ""
+        lines.append(f"{method:11} {_time_cell(row, cap):>18} {len(row.values):>3} "
+                     f"{len(row.values) - row.missed:>3}/{len(row.values):<3} {confirm:>8} "
+                     f"{_ratio(row.mean, best.mean if best else None):>11} "
+                     f"{_ratio(row.mean, SB3_PPO_PENDULUM_S):>10} {wall:>9}")
+    return lines
+
+
+def _score_table(rows: dict[str, Row]) -> list[str]:
+    lone = [r for m, r in rows.items() if m in LONE and r.values]
+    best = max(lone, key=lambda r: r.mean, default=None)
+    # the std reference needs 2+ runs: the best lone row that has them
+    spread = max((r for r in lone if len(r.values) > 1), key=lambda r: r.mean, default=None)
+    randoms = [r for m, r in rows.items() if m in RANDOM and r.values]
+    lines = [f"{'method':11} {'score (mean ± std)':>20} {'n':>3} {'/ best lone':>11} "
+             f"{'beats all random':>16} {'std / lone std':>14}",
+             f"(best tuned lone agent: {best.method if best else 'none run'}; std reference: "
+             f"{spread.method if spread else 'none with 2+ runs'}; "
+             f"random rows run: {', '.join(r.method for r in randoms) or 'none'})"]
+    for method, row in rows.items():
+        cell = row.cell()
+        beats = ("-" if not randoms or not row.values or method in RANDOM
+                 else "yes" if all(row.mean > r.mean for r in randoms) else "no")
+        std_ratio = _ratio(row.std, spread.std if spread else None)
+        lines.append(f"{method:11} {cell:>20} {len(row.values):>3} "
+                     f"{_ratio(row.mean, best.mean if best else None):>11} {beats:>16} "
+                     f"{std_ratio if len(row.values) > 1 else '-':>14}")
+    return lines
+
+
+def _raw(task: Task, rows: dict[str, Row]) -> list[str]:
+    lines = []
+    for method, row in rows.items():
+        cells = []
+        for r in row.runs:
+            name = f"s{r.seed}" + (f"d{r.draw}" if r.draw is not None else "")
+            if r.failed:
+                value = "failed"
+            elif task.target is not None:
+                value = ("miss" if r.time_to_target is None
+                         else f"{r.time_to_target:.1f}s/{r.confirm:.0f}")
+            else:
+                value = f"{r.score:.1f}" if r.score is not None else "n/a"
+            cells.append(f"{name} {value}")
+        lines.append(f"  {method:11} " + ", ".join(cells))
+    return lines
+
+
+def report(tasks: list[Task], budgets: dict[str, float], results: list[RunResult]) -> str:
+    """The tables of every task, then the raw per-run values."""
+    out: list[str] = []
+    for task in tasks:
+        cap = budgets[task.key]
+        rows = _rows(task, cap, results)
+        if task.target is not None:
+            out.append(f"\n== {task.key} ({task.env}): wall seconds to {task.target:g}, "
+                       f"cap {cap:g} s (confirm: 10-episode re-evaluation) ==")
+            out += _pendulum_table(task, cap, rows)
+        else:
+            out.append(f"\n== {task.key} ({task.env}): 10-episode deterministic score "
+                       f"after {cap:g} s ==")
+            out += _score_table(rows)
+        out.append("per run (time to target s/confirm, or score):"
+                   if task.target is not None else "per run (score):")
+        out += _raw(task, rows)
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

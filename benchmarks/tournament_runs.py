@@ -1,206 +1,292 @@
-"""The three contestants of ``benchmarks.tournament`` and how their checkpoints are scored.
+"""The contestants of ``benchmarks.tournament``: one function per row, each run scored.
 
-Every contestant gets the same wall-clock budget on the same machine and leaves a list
-of ``Snapshot``s (checkpoints: when, in-training score, state). Scoring happens after
-the clock stopped, identically for all three (``score_run``):
+Every run happens in a fresh spawned process (``in_subprocess``) so that no thread pool,
+replay buffer or torch setting leaks from one run into the next, and runs never overlap.
+The clock of a run starts just before anything is built (the envs, the agents, or the
+call to ``podracer.train.train``) and stops when training stops; scoring happens after.
 
-* final score: the 4 best snapshots by in-training score are re-evaluated over 32
-  deterministic episodes on a fresh env with a fixed seed; the highest counts (the
-  same selection pressure for every contestant: 4 candidates);
-* time to target: snapshots in time order; the first whose in-training score reached
-  the target *and* whose 32-episode re-evaluation confirms it gives the time.
+Scoring, identical for every row (``reevaluate``): a checkpoint's state is loaded into a
+freshly built agent on a fresh env of ``EVAL_EPISODES`` copies, and its deterministic
+policy is run for ``EVAL_EPISODES`` episodes with the env seeded with ``EVAL_SEED``.
+
+* ``score``: that re-evaluation of the run's best checkpoint, chosen by in-training
+  score (the leaderboard's top-1 for the tournament; the best in-training evaluation of
+  a lone agent; for best-of-4, the best of the four agents' bests).
+* ``time_to_target`` (tasks with a target): seconds from the start of the run to the
+  first in-training evaluation that reached the target (for the tournament: the
+  ``created`` time of the first such checkpoint in its store). ``confirm`` is the
+  re-evaluation of the checkpoint that reached it.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import functools
 import logging
+import math
+import multiprocessing
+import os
+import random
 import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
 from agents.base import Scalar
 from agents.evaluator import evaluate
 from agents.registry import default_registry
-from agents.round import build_agent, resolve_config, train_round
+from agents.round import Progress, build_agent, resolve_config, train_round
 from broker.schemas import Budget
 from envs.registry import make_env
-from leaderboard.store import LeaderboardStore
+from leaderboard.mutation import fresh_hparams
+from leaderboard.store import Entry, LeaderboardStore
 from podracer.settings import default_experiment, settings_from_env
 from podracer.train import train
 
 log = logging.getLogger(__name__)
 
 CPU = torch.device("cpu")
-FINAL_EPISODES = 32
-CANDIDATES = 4
+EVAL_EPISODES = 10
 EVAL_SEED = 12_345
 BEST_OF_4_ALGOS = ("ppo", "sac", "td3", "ppo")
-DEFAULT_MIX = {"ppo": 1.0, "sac": 1.0, "td3": 1.0}
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-    """One benchmark task: env, target, default budget and per-algorithm ``num_envs``."""
+    """One benchmark task."""
 
     key: str
-    """Short name used on the command line (``pendulum``, ``mujoco``)."""
+    """Short name on the command line (``pendulum``, ``halfcheetah``, ``hopper``)."""
     env: str
-    """Env name for ``envs.registry.make_env``."""
-    target: float
-    """Score that counts as solved for time to target."""
+    """Env name for ``envs.registry.make_env`` and the experiment."""
+    target: float | None
+    """Score that counts as solved (the metric is then the time to reach it), or None
+    (the metric is the score at the end of the budget)."""
     budget: float
-    """Default wall seconds per run."""
-    round_seconds: float
-    """Length of one training round (tournament pods and baseline checkpoints alike)."""
-    num_envs: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    """``num_envs`` overrides per algorithm (empty: the algorithms' defaults)."""
-    eval_episodes: int = 8
-    """Episodes of the in-training evaluation at the end of each round."""
+    """Default wall seconds per run (with a target: the cap)."""
+    eval_every_s: float
+    """In-training evaluation period of the lone agents (the tournament's pods evaluate
+    at the end of each round, on their own schedule)."""
+    pins: Mapping[str, Mapping[str, Scalar]] = dataclasses.field(default_factory=dict)
+    """Per-algorithm hyperparameters the task pins (never sampled); empty by default."""
+
+    def pinned(self, algorithm: str) -> dict[str, Scalar]:
+        """The pinned hyperparameters of ``algorithm`` on this task."""
+        return dict(self.pins.get(algorithm, {}))
+
+    def in_training_episodes(self) -> int:
+        """Episodes of an in-training evaluation: the default experiment's, as the pods."""
+        return default_experiment(self.env).eval_episodes
 
 
-@dataclasses.dataclass(frozen=True)
-class Snapshot:
-    """One checkpoint of a run: when it was taken, its in-training score, its state."""
+@dataclasses.dataclass
+class RunResult:
+    """What one run achieved (see the module doc for the fields' meaning)."""
 
-    seconds: float
-    score: float
-    algorithm: str
-    hparams: Mapping[str, Scalar]
-    load: Callable[[], Mapping[str, torch.Tensor]]
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    """What one run of one contestant achieved (scored after the run)."""
-
+    task: str
     method: str
     seed: int
-    final_score: float
-    time_to_target: float | None
-    env_steps: int
-    wall: float
-    checkpoints: int
+    draw: int | None = None
+    algorithm: str = ""
+    """The algorithm of the scored checkpoint."""
+    hparams: dict[str, Scalar] = dataclasses.field(default_factory=dict)
+    time_to_target: float | None = None
+    confirm: float | None = None
+    score: float | None = None
+    in_training_best: float | None = None
+    wall: float = 0.0
+    """Wall seconds of training (for the tournament: the whole ``train()`` call)."""
+    env_steps: int = 0
+    checkpoints: int = 0
+    error: str | None = None
+    """What went wrong (a run with a result may carry one: train()'s exit code)."""
+    failed: bool = False
+    """The run raised: no figures; left out of the statistics."""
 
 
-def _hparams(task: Task, algorithm: str) -> dict[str, Scalar]:
-    return {"num_envs": task.num_envs[algorithm]} if algorithm in task.num_envs else {}
+def in_subprocess(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a fresh spawned process, alone; its exception is re-raised here."""
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+        return pool.submit(fn, *args).result()
 
 
-def reevaluate(task: Task, snap: Snapshot) -> float:
-    """Mean return of ``snap``'s deterministic policy over 32 episodes on a fresh env."""
-    registry = default_registry()
-    # the state carries no per-copy tensors (replay is not checkpointed), so the agent
-    # can be rebuilt around the 32-copy eval env
-    hparams = {**snap.hparams, "num_envs": FINAL_EPISODES}
-    env = make_env(task.env, FINAL_EPISODES, CPU)
+def reevaluate(env_name: str, algorithm: str, hparams: Mapping[str, Scalar],
+               state: Mapping[str, torch.Tensor]) -> float:
+    """Mean return of ``state``'s deterministic policy, ``EVAL_EPISODES`` seeded episodes."""
+    # states carry no per-copy tensors (replay is not checkpointed), so the agent can be
+    # rebuilt around an env with one copy per episode
+    env = make_env(env_name, EVAL_EPISODES, CPU)
     try:
-        agent = build_agent(registry, snap.algorithm, hparams, env, CPU, 0, snap.load())
-        return evaluate(lambda obs: agent.act(obs, True), env, FINAL_EPISODES,
-                        seed=EVAL_SEED).mean
+        agent = build_agent(default_registry(), algorithm,
+                            {**hparams, "num_envs": EVAL_EPISODES}, env, CPU, 0, state)
+        with torch.no_grad():
+            return evaluate(lambda obs: agent.act(obs, True), env, EVAL_EPISODES,
+                            seed=EVAL_SEED).mean
     finally:
         env.close()
 
 
-def score_run(task: Task, method: str, seed: int, snaps: list[Snapshot], env_steps: int,
-              wall: float) -> Outcome:
-    """Re-evaluate ``snaps`` (see the module doc) into an ``Outcome``."""
-    if not snaps:
-        return Outcome(method, seed, float("nan"), None, env_steps, wall, 0)
-    cache: dict[int, float] = {}
-
-    def score(i: int) -> float:
-        if i not in cache:
-            cache[i] = reevaluate(task, snaps[i])
-        return cache[i]
-
-    best = sorted(range(len(snaps)), key=lambda i: snaps[i].score, reverse=True)
-    final = max(score(i) for i in best[:CANDIDATES])
-    reached = None
-    for i in sorted(range(len(snaps)), key=lambda i: snaps[i].seconds):
-        if snaps[i].score >= task.target and score(i) >= task.target:
-            reached = snaps[i].seconds
-            break
-    return Outcome(method, seed, final, reached, env_steps, wall, len(snaps))
+def random_hparams(algorithm: str, task: Task, seed: int, draw: int) -> dict[str, Scalar]:
+    """Hyperparameters drawn from ``algorithm``'s search space (draw ``draw`` of ``seed``)."""
+    config_cls = default_registry().get(algorithm).config_cls
+    # the draw's RNG is seeded with ``seed * 1000 + draw``: the same draws on every task
+    return fresh_hparams(config_cls, random.Random(seed * 1000 + draw),
+                         overrides=task.pinned(algorithm))
 
 
 # ------------------------------------------------------------------ the tournament
 
-def run_tournament(task: Task, seed: int, budget: float, out: Path, threads: int,
-                   mix: Mapping[str, float] | None = None) -> Outcome:
-    """Population 4 (``mix``, default PPO:SAC:TD3 = 1:1:1) via ``podracer.train`` in memory."""
-    mix = dict(mix or DEFAULT_MIX)
-    registry = default_registry()
-    exp = default_experiment(task.env).with_overrides({
-        "name": f"bench-{task.key}-s{seed}", "pods": 4,
-        "algos": mix,
-        "round_budget": {"seconds": task.round_seconds},
-        "total_budget": {"seconds": budget}, "eval_episodes": task.eval_episodes,
-        "device": "cpu", "seed": seed,
-        "num_envs": {k: v for k, v in task.num_envs.items() if k in mix},
-    }, registry=registry)
-    settings = settings_from_env({}, experiment=exp, device="cpu", torch_threads=threads)
+def _first_hit(entries: list[Entry], target: float) -> Entry | None:
+    hits = [e for e in entries if e.score_mean >= target]
+    return min(hits, key=lambda e: e.created) if hits else None
+
+
+def run_tournament(task: Task, seed: int, budget: float, out: Path) -> RunResult:
+    """The default ``podracer train`` for ``task.env`` in embedded mode, scored."""
+    logging.basicConfig(level=logging.WARNING)
+    exp = default_experiment(task.env, total_budget={"seconds": budget}, seed=seed,
+                             target_score=task.target)
+    settings = settings_from_env(experiment=exp, store=out)
     if out.exists():
         shutil.rmtree(out)  # a fresh store: entries of an older run would count
-    torch.set_num_threads(threads)
     started_wall, started = time.time(), time.monotonic()
-    result = train(settings, out, progress=False)
+    outcome = train(settings, out, progress=False)
     wall = time.monotonic() - started
-    if result.exit_code != 0:
-        log.warning("tournament seed %d exited with %d", seed, result.exit_code)
+    result = RunResult(task.key, "tournament", seed, wall=wall)
+    if outcome.exit_code != 0:
+        result.error = f"train() exited with {outcome.exit_code}"
     with LeaderboardStore(out, create=False) as store:
-        entries = sorted(store.entries(), key=lambda e: e.stored)
-        snaps = [Snapshot(e.stored - started_wall, e.score_mean, e.algorithm, e.hparams,
-                          functools.partial(store.load_state, e)) for e in entries]
-        return score_run(task, "tournament", seed, snaps, store.total_env_steps(), wall)
+        entries = store.entries()
+        result.checkpoints = len(entries)
+        result.env_steps = store.total_env_steps()
+        top = store.top(1) if entries else []
+        if top:
+            best = top[0]
+            result.algorithm, result.hparams = best.algorithm, dict(best.hparams)
+            result.in_training_best = best.score_mean
+            result.score = reevaluate(task.env, best.algorithm, best.hparams,
+                                      store.load_state(best))
+        hit = _first_hit(entries, task.target) if task.target is not None else None
+        if hit is not None:
+            result.time_to_target = hit.created - started_wall
+            result.confirm = reevaluate(task.env, hit.algorithm, hit.hparams,
+                                        store.load_state(hit))
+    return result
 
 
-# ------------------------------------------------------------------ independent runs
+# ------------------------------------------------------------------ lone agents
 
-def _worker(task: Task, algorithm: str, seed: int, budget: float, started: float,
-            snaps: list[Snapshot], lock: threading.Lock) -> int:
-    """Train one agent in rounds until the shared deadline; return its env steps."""
+@dataclasses.dataclass
+class _AgentRun:
+    """One agent's training: its best in-training state and, if any, when it hit."""
+
+    algorithm: str
+    hparams: dict[str, Scalar]
+    best_score: float | None = None
+    best_state: dict[str, torch.Tensor] | None = None
+    reached_at: float | None = None
+    target_state: dict[str, torch.Tensor] | None = None
+    env_steps: int = 0
+
+
+def _train_agent(task: Task, algorithm: str, hparams: Mapping[str, Scalar], seed: int,
+                 budget: float, started: float, stop: threading.Event) -> _AgentRun:
+    """Train one agent in one round until the deadline, the target or ``stop``."""
+    run = _AgentRun(algorithm, dict(hparams))
     registry = default_registry()
-    hparams = _hparams(task, algorithm)
     config = resolve_config(registry, algorithm, hparams)
     env = make_env(task.env, config.num_envs, CPU)
-    eval_env = make_env(task.env, task.eval_episodes, CPU)
+    episodes = task.in_training_episodes()
+    eval_env = make_env(task.env, episodes, CPU)
     try:
         agent = build_agent(registry, algorithm, hparams, env, CPU, seed)
-        steps = 0
-        # rounds of the same length as the pods', on one agent that keeps its replay
-        # buffer and optimizer: a checkpoint at each round's end, never a restart
-        while (left := budget - (time.monotonic() - started)) > 0.5:
-            result = train_round(agent, env, eval_env,
-                                 Budget(seconds=min(task.round_seconds, left)),
-                                 eval_episodes=task.eval_episodes)
-            steps += result.env_steps
-            snap = Snapshot(time.monotonic() - started, result.score_mean, algorithm, hparams,
-                            functools.partial(dict, result.best_state))
-            with lock:
-                snaps.append(snap)
-        return steps
+
+        def progress(report: Progress) -> None:
+            if (report.score is not None and task.target is not None
+                    and run.reached_at is None and report.score >= task.target):
+                run.reached_at = time.monotonic() - started
+                run.target_state = {k: v.detach().clone()
+                                    for k, v in agent.state_dict().items()}
+                stop.set()
+
+        left = budget - (time.monotonic() - started)
+        result = train_round(agent, env, eval_env, Budget(seconds=max(left, 0.1)),
+                             eval_every_s=task.eval_every_s, on_progress=progress,
+                             should_stop=stop.is_set, eval_episodes=episodes)
+        run.env_steps = result.env_steps
+        if result.best_state is not None and math.isfinite(result.score_mean):
+            run.best_score, run.best_state = result.score_mean, result.best_state
+        if (task.target is not None and run.reached_at is None
+                and run.best_score is not None and run.best_score >= task.target):
+            # reached at the round's final evaluation, at the deadline
+            run.reached_at = time.monotonic() - started
+            run.target_state = run.best_state
+            stop.set()
+        return run
     finally:
         env.close()
         eval_env.close()
 
 
-def run_independent(task: Task, method: str, algos: tuple[str, ...], seed: int,
-                    budget: float, threads: int) -> Outcome:
-    """``len(algos)`` independent agents trained concurrently for ``budget`` wall seconds."""
-    torch.set_num_threads(threads)
-    snaps: list[Snapshot] = []
-    lock = threading.Lock()
+def _score_agents(task: Task, result: RunResult, runs: list[_AgentRun]) -> RunResult:
+    """Fill ``result`` from the agents' runs: best by in-training score, first to hit."""
+    result.env_steps = sum(r.env_steps for r in runs)
+    scored = [r for r in runs if r.best_state is not None and r.best_score is not None]
+    if scored:
+        best = max(scored, key=lambda r: -math.inf if r.best_score is None else r.best_score)
+        assert best.best_state is not None
+        result.algorithm, result.hparams = best.algorithm, best.hparams
+        result.in_training_best = best.best_score
+        result.score = reevaluate(task.env, best.algorithm, best.hparams, best.best_state)
+    hits = [r for r in runs if r.reached_at is not None and r.target_state is not None]
+    if hits:
+        first = min(hits, key=lambda r: math.inf if r.reached_at is None else r.reached_at)
+        assert first.target_state is not None
+        result.time_to_target = first.reached_at
+        result.confirm = reevaluate(task.env, first.algorithm, first.hparams,
+                                    first.target_state)
+    return result
+
+
+def run_lone(task: Task, method: str, algorithm: str, seed: int, budget: float,
+             draw: int | None = None) -> RunResult:
+    """One ``algorithm`` agent with the whole machine for ``budget`` seconds, one round.
+
+    ``draw`` None: its default hyperparameters; else draw ``draw`` from its search space.
+    """
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(os.cpu_count() or 1)
+    hparams = (task.pinned(algorithm) if draw is None
+               else random_hparams(algorithm, task, seed, draw))
     started = time.monotonic()
-    with concurrent.futures.ThreadPoolExecutor(len(algos)) as pool:
-        futures = [pool.submit(_worker, task, algo, seed * 100 + i, budget, started, snaps,
-                               lock) for i, algo in enumerate(algos)]
-        steps = sum(f.result() for f in futures)
-    wall = time.monotonic() - started
-    return score_run(task, method, seed, snaps, steps, wall)
+    run = _train_agent(task, algorithm, hparams, seed, budget, started, threading.Event())
+    result = RunResult(task.key, method, seed, draw, wall=time.monotonic() - started,
+                       checkpoints=1)
+    return _score_agents(task, result, [run])
+
+
+def run_best_of_4(task: Task, seed: int, budget: float) -> RunResult:
+    """Four default agents (``BEST_OF_4_ALGOS``) in threads splitting the machine."""
+    logging.basicConfig(level=logging.WARNING)
+    # the same split as ``podracer train`` gives its pods
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // len(BEST_OF_4_ALGOS)))
+    stop = threading.Event()
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(len(BEST_OF_4_ALGOS)) as pool:
+        futures = [pool.submit(_train_agent, task, algo, task.pinned(algo), seed * 100 + i,
+                               budget, started, stop)
+                   for i, algo in enumerate(BEST_OF_4_ALGOS)]
+        try:
+            runs = [f.result() for f in futures]
+        except BaseException:
+            stop.set()  # one agent failed: do not let the others run out the clock
+            raise
+    result = RunResult(task.key, "best-of-4", seed, wall=time.monotonic() - started,
+                       checkpoints=len(runs))
+    return _score_agents(task, result, runs)

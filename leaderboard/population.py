@@ -174,6 +174,7 @@ class Planner:
 
     def in_flight(self, algorithm: str | None = None) -> int:
         """Rounds issued and not yet back (of ``algorithm`` when given)."""
+        self._settle()
         return sum(1 for rec in self._issued.values()
                    if algorithm is None or rec.plan.algorithm == algorithm)
 

@@ -36,6 +36,7 @@ from broker.errors import BrokerError, ConfigError, PodracerError, SchemaError
 from broker.schemas import Checkpoint, LeaderboardChanged
 from broker.service import ServiceContext
 from broker.transport import Delivery, Transport, connect
+from envs.base import VecEnv
 from envs.registry import make_env
 from leaderboard.store import LeaderboardStore
 from podracer.control import drain_until_idle, watch_stop
@@ -58,6 +59,22 @@ class CheckpointValidator:
         self.registry = registry
         self.env = env
         self._specs: dict[tuple[str, str], TensorSpec] = {}
+        self._spaces: VecEnv | None = None
+
+    def _agent(self, algorithm: str, hparams: Mapping[str, Any],
+               state: Mapping[str, torch.Tensor] | None = None) -> Any:
+        """A reference agent on one env copy: tensor shapes never depend on ``num_envs``,
+        and building 64 MuJoCo copies per checkpoint kept the updater seconds behind."""
+        if self._spaces is None:
+            self._spaces = make_env(self.env, 1, "cpu")
+        return build_agent(self.registry, algorithm, {**hparams, "num_envs": 1}, self._spaces,
+                           torch.device("cpu"), 0, state)
+
+    def close(self) -> None:
+        """Close the reference env."""
+        if self._spaces is not None:
+            self._spaces.close()
+            self._spaces = None
 
     def _expected(self, algorithm: str, hparams: Mapping[str, Any]) -> TensorSpec:
         config_cls = self.registry.get(algorithm).config_cls
@@ -66,15 +83,9 @@ class CheckpointValidator:
         # so the cache key leaves them out and mutated children hit the cache
         key = (algorithm, repr(sorted((k, v) for k, v in hparams.items() if k not in space)))
         if key not in self._specs:
-            config = resolve_config(self.registry, algorithm, hparams)
-            env = make_env(self.env, config.num_envs, "cpu")
-            try:
-                agent = build_agent(self.registry, algorithm, hparams, env,
-                                    torch.device("cpu"), 0)
-            finally:
-                env.close()
+            resolve_config(self.registry, algorithm, hparams)  # names a bad field first
             self._specs[key] = {k: (tuple(v.shape), v.dtype)
-                                for k, v in agent.state_dict().items()}
+                                for k, v in self._agent(algorithm, hparams).state_dict().items()}
         return self._specs[key]
 
     def _reexported(self, checkpoint: Checkpoint, fresh: TensorSpec) -> TensorSpec:
@@ -88,13 +99,7 @@ class CheckpointValidator:
         if missing:
             raise ConfigError("state", f"tensor names differ from {checkpoint.algorithm}'s: "
                               f"missing {missing[:3]}")
-        config = resolve_config(self.registry, checkpoint.algorithm, checkpoint.hparams)
-        env = make_env(self.env, config.num_envs, "cpu")
-        try:
-            agent = build_agent(self.registry, checkpoint.algorithm, checkpoint.hparams, env,
-                                torch.device("cpu"), 0, state)
-        finally:
-            env.close()
+        agent = self._agent(checkpoint.algorithm, checkpoint.hparams, state)
         spec = {k: (tuple(v.shape), v.dtype) for k, v in agent.state_dict().items()}
         extra = sorted(set(state) - set(spec))
         if extra:
@@ -229,6 +234,7 @@ async def main(ctx: ServiceContext[Settings], reevaluate: bool = False,
             finally:
                 stop_task.cancel()
                 await asyncio.gather(stop_task, return_exceptions=True)
+                updater.validator.close()
             log.info("updater stopped: %d new checkpoints stored, %d in store",
                      updater.stored, store.count())
     return 0

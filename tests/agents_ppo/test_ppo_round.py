@@ -78,3 +78,51 @@ def test_default_registry_has_every_algorithm_with_its_action_kinds() -> None:
         build_agent(registry, "sac", {"num_envs": 8}, cartpole, CPU, 0)
     agent = build_agent(registry, "ppo", config_to_hparams(SMALL), cartpole, CPU, 0)
     assert agent.act(torch.zeros(3, 4)).dtype == torch.long
+
+
+def test_an_evaluation_at_the_target_ends_the_round_at_once() -> None:
+    env, eval_env = ScriptedEnv(8), ScriptedEnv(2)
+    agent = build_agent(default_registry(), "ppo", config_to_hparams(SMALL), env, CPU, 0)
+    # the scripted evaluation always scores 1.0: a target of 1.0 is met at the first one
+    result = train_round(agent, env, eval_env, Budget(seconds=60.0), eval_every_s=0.0,
+                         eval_episodes=2, target=1.0)
+    assert result.reached_target and len(result.curve) == 1
+    assert result.env_steps == SMALL.num_envs * SMALL.rollout_steps
+    missed = train_round(agent, env, eval_env, Budget(steps=64), eval_every_s=0.0,
+                         eval_episodes=2, target=1.5)
+    assert not missed.reached_target and len(missed.curve) == 3  # 2 iterations + final
+
+
+class _Diverging:
+    """An agent whose weights blew up: every action is NaN."""
+
+    def __init__(self, finite_evals: int) -> None:
+        self.config = SMALL
+        self.device = CPU
+        self.env_steps = 0
+        self.finite_evals = finite_evals
+
+    def train_iteration(self, env: object) -> dict[str, float]:
+        self.env_steps += 8
+        return {}
+
+    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
+        if self.finite_evals > 0:
+            return torch.zeros(obs.shape[0], 1)
+        return torch.full((obs.shape[0], 1), float("nan"))
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        self.finite_evals -= 1  # the snapshot of a finite evaluation is its last
+        return {"w": torch.zeros(1)}
+
+
+def test_a_diverged_agent_ends_its_round_without_an_assert() -> None:
+    env, eval_env = make_env("torch/Pendulum-v1", 8), make_env("torch/Pendulum-v1", 2)
+    never = train_round(_Diverging(0), env, eval_env, Budget(seconds=60.0),  # type: ignore[arg-type]
+                        eval_every_s=0.0, eval_episodes=2)
+    assert never.diverged and never.best_state is None and len(never.curve) == 1
+    once = train_round(_Diverging(1), env, eval_env, Budget(seconds=60.0),  # type: ignore[arg-type]
+                       eval_every_s=0.0, eval_episodes=2)
+    # the finite evaluation before it blew up is what the round publishes
+    assert once.diverged and once.best_state is not None and len(once.curve) == 2
+    assert once.score_mean == once.curve[0][1]

@@ -41,7 +41,7 @@ def test_pendulum_example_values() -> None:
 
 def test_defaults_of_a_minimal_file() -> None:
     exp = parse_experiment(MINIMAL)
-    assert (exp.pods, exp.top_k, exp.explore_p, exp.seed, exp.device) == (4, 8, 0.2, 0, "auto")
+    assert (exp.pods, exp.top_k, exp.explore_p, exp.seed, exp.device) == (0, 8, 0.0, 0, "auto")
     assert exp.target_score is None and exp.total_budget.seconds is None
     assert exp.round_budget.seconds is None
     assert exp.overrides_for("ppo") == {}
@@ -56,7 +56,7 @@ def test_defaults_of_a_minimal_file() -> None:
     (with_(round_budget={"seconds": -1}), r"round_budget\.seconds: must be > 0"),
     (with_(round_budget={"steps": 5, "minutes": 1}),
      r"round_budget\.minutes: unknown key.*known keys: seconds, steps"),
-    (with_(pods=0), r"pods: must be >= 1"),
+    (with_(pods=-1), r"pods: must be >= 0"),
     (with_(pods=2.5), r"pods: expected an integer"),
     (with_(explore_p=1.5), r"explore_p: must be in \[0.0, 1.0\]"),
     (with_(target_score=float("nan")), r"target_score: expected a finite number"),
@@ -92,9 +92,9 @@ def test_overrides_are_validated_like_the_file() -> None:
     changed = exp.with_overrides({"round_budget.seconds": 30}, pods=8, seed=None, device="cpu")
     assert (changed.pods, changed.seed, changed.device) == (8, 0, "cpu")
     assert changed.round_budget.steps == 100 and changed.round_budget.seconds == 30.0
-    assert exp.pods == 4  # the original is untouched (frozen)
-    with pytest.raises(ConfigError, match="pods: must be >= 1"):
-        exp.with_overrides(pods=0)
+    assert exp.pods == 0  # the original is untouched (frozen)
+    with pytest.raises(ConfigError, match="pods: must be >= 0"):
+        exp.with_overrides(pods=-1)
     with pytest.raises(ConfigError, match="colour: unknown key"):
         exp.with_overrides(colour="red")
     with pytest.raises(dataclasses.FrozenInstanceError):

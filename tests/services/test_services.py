@@ -176,21 +176,24 @@ async def test_generator_keeps_one_waiting_and_seeds_children(rig: Rig) -> None:
         parent = _checkpoint(rig, -300.0)
         store.insert(parent)
     ctx, task = rig.service(generator_service.main, "generator")
-    assert generator_service.wanted_depth(0, 15.0) == 1
-    assert generator_service.wanted_depth(256, 30.0) == 1 + 5  # 256 pods * 0.5 s / 30 s
+    assert generator_service.wanted(0) == 1 and generator_service.wanted(3) == 3
     assert await _depth(rig.transport, "generator", 1) == 1
-    await asyncio.sleep(1.5)  # several polls, no pod: still just the one spare
+    await asyncio.sleep(1.5)  # several polls, no pod: still just the one waiting
     assert (await rig.transport.queue_depth("generator"))[0] == 1
     assert await _stop(ctx, task) == 0
-    # what it makes: children of the entry (weights travel) or fresh agents
+    # what it makes: the parent's lineage continued (weights and hyperparameters travel),
+    # then, while that round is in flight, a branch with mutated hyperparameters
     exp = rig.settings.experiment.with_overrides(explore_p=0.0)
     with LeaderboardStore(rig.settings.store) as store:
         maker = InitializationMaker(exp, default_registry(), store, random.Random(1))
         child = maker.make()
+        branch = maker.make()
     assert child.parent_id == parent.id and child.generation == 1
     assert child.state is not None and set(child.state) == set(parent.state)
-    assert child.hparams["hidden_size"] == PPO["hidden_size"]  # pinned, never mutated
-    assert child.hparams != parent.hparams
+    assert child.hparams == parent.hparams
+    assert branch.parent_id == parent.id and branch.hparams != parent.hparams
+    assert branch.hparams["hidden_size"] == PPO["hidden_size"]  # pinned, never mutated
+    assert child.seed != branch.seed
 
 
 async def test_control_stop_ends_every_service_with_code_zero(rig: Rig) -> None:
