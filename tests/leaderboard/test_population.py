@@ -90,7 +90,10 @@ def test_a_lineage_is_continued_until_ready_before_it_can_be_replaced(
     assert plan.reason == "continue (not ready yet)"
     planner.issued("b1", plan)
     _put(store, "b1", "sac", 40.0, parent="b", hparams={"lr": 2e-3}, wall=50.0)
-    plan = planner.next()  # b's lineage is now ready (70 s) and still worse: replaced
+    best = planner.next()  # the best idle head goes first
+    assert best.parent is not None and best.parent.id == "a" and not best.mutate
+    planner.issued("a1", best)
+    plan = planner.next()  # b's lineage is ready (70 s), still worse, idle: replaced
     assert plan.mutate and plan.parent is not None and plan.parent.id == "a"
     assert plan.reason == "replace a weak lineage"
 
