@@ -137,7 +137,7 @@ class Pod:
         result = output.result
         if output.replay is not None:
             self.cache.put(init.id, output.replay, init.parent_id)
-        if result.best_state is None:
+        if result.state is None:
             # diverged before any finite evaluation: nothing worth ranking; the lineage
             # ends here (a redelivery would diverge again)
             log.warning("%s: round %s diverged with no finite evaluation; dropped",
@@ -147,8 +147,7 @@ class Pod:
         if self.ctx.stopping.is_set():
             log.info("%s: stopping; publishing the shortened round %s", self.ctx.name,
                      init.id[:8])
-        await self.transport.publish("updater", self._checkpoint(init, result,
-                                                                 result.best_state))
+        await self.transport.publish("updater", self._checkpoint(init, result, result.state))
         await delivery.ack()
         self.rounds += 1
         log.info("%s: round %s published: score %.2f ± %.2f, %d steps in %.1fs%s",

@@ -11,18 +11,23 @@ Round semantics (documented here because the pod and the leaderboard rely on the
   runs between iterations, so a round overshoots by at most one iteration.
 * The agent is evaluated every ``eval_every_s`` seconds (if given; ``"auto"`` picks
   the interval from the measured cost of one evaluation so that evaluating takes at
-  most ``EVAL_SHARE`` of the round) and always at the end. ``best_state`` is the full
-  state at the best evaluation, and ``score_mean``/``score_std`` are *that*
-  evaluation's, so the published score always describes the published state.
+  most ``EVAL_SHARE`` of the round, and evaluates within the round only when there
+  is a target to watch for) and always at the end.
+* ``state`` is the full state at the end of the round, and ``score_mean``/
+  ``score_std`` are the final evaluation's, so the published score describes the
+  published state, and a child continues where the round ended. (Publishing the best
+  evaluation's state instead made each round of a lineage restart from an early
+  snapshot whenever a lucky early evaluation beat the final one.) ``best_state`` and
+  ``best_mean`` keep the best evaluation of the round, for callers that select
+  snapshots (a lone agent's best checkpoint).
 * An evaluation that reaches ``target`` ends the round at once: the pod publishes,
   the leaderboard hears of the hit, and the experiment stops within one evaluation.
-* ``on_best`` hears of every new best evaluation during the round (the pod publishes
-  intermediate bests of long rounds from it).
+* ``on_best`` hears of every new best evaluation during the round.
 * ``should_stop()`` returning True (e.g. ``control.stop``) ends the round early; the
   final evaluation still runs so the work is not lost.
 * An evaluation that is not finite means the agent diverged: the round ends, and
-  ``diverged`` is set. ``best_state`` is then the best finite evaluation's, or
-  ``None`` when there was none (the round has nothing worth publishing).
+  ``diverged`` is set. ``state`` and the score are then the best finite evaluation's,
+  or ``None`` and NaN when there was none (the round has nothing worth publishing).
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ class Progress:
 
 @dataclasses.dataclass(frozen=True)
 class RoundResult:
-    """What a round produced; ``best_state``/``score_*`` belong together (best eval)."""
+    """What a round produced; ``state`` and ``score_*`` belong together (module doc)."""
 
     score_mean: float
     score_std: float
@@ -75,8 +80,13 @@ class RoundResult:
     curve: list[tuple[float, float, int]]
     """(seconds since round start, eval mean, round env steps) at every evaluation."""
     metrics: dict[str, float]
+    state: dict[str, torch.Tensor] | None
+    """The state to publish; ``None`` only when the agent diverged before any finite
+    evaluation."""
     best_state: dict[str, torch.Tensor] | None
-    """``None`` only when the agent diverged before any finite evaluation."""
+    """The state at the round's best evaluation (``None``: no finite one)."""
+    best_mean: float = float("nan")
+    """The round's best evaluation mean."""
     diverged: bool = False
     """An evaluation was not finite (the agent's weights blew up)."""
     reached_target: bool = False
@@ -167,6 +177,8 @@ class _Evaluations:
         self.auto = every_s == "auto"
         self.every_s: float | None = (auto_start_s or MIN_EVAL_EVERY_S) if self.auto \
             else None if every_s is None else float(every_s)
+        # "auto" evaluates within a round only to catch the target
+        self.watch = not self.auto or target is not None
         self.target = target
         self.on_best = on_best
         self.start = time.monotonic()
@@ -178,7 +190,8 @@ class _Evaluations:
         self.reached = False
 
     def due(self) -> bool:
-        return self.every_s is not None and time.monotonic() - self.last >= self.every_s
+        return (self.watch and self.every_s is not None
+                and time.monotonic() - self.last >= self.every_s)
 
     def run(self) -> EvalResult:
         began = time.monotonic()
@@ -246,16 +259,24 @@ def train_round(
         final = evals.run()
     assert final is not None  # the loop's last evaluation or the one just run
     best = evals.best
+    if math.isfinite(final.mean):
+        state: dict[str, torch.Tensor] | None = {
+            k: v.detach().clone() for k, v in agent.state_dict().items()}
+        score, score_std = final.mean, final.std
+    else:  # diverged: the best finite evaluation, if any, is what the round has to show
+        state = best.state
+        score = best.result.mean if best.result is not None else float("nan")
+        score_std = best.result.std if best.result is not None else float("nan")
     wall = time.monotonic() - start
     steps = agent.env_steps - evals.first_steps
     best_mean = best.result.mean if best.result is not None else float("nan")
-    best_std = best.result.std if best.result is not None else float("nan")
     log.info("round done: %d steps in %.1fs, final %.2f, best %.2f%s", steps, wall, final.mean,
              best_mean, " (target reached)" if evals.reached else "")
     out_metrics = {**metrics, "eval/final_mean": final.mean, "eval/final_std": final.std,
                    "eval/best_mean": best_mean,
                    "round/steps_per_second": steps / wall if wall > 0 else 0.0}
-    return RoundResult(score_mean=best_mean, score_std=best_std, env_steps=steps,
+    return RoundResult(score_mean=score, score_std=score_std, env_steps=steps,
                        total_env_steps=agent.env_steps, wall_time=wall, curve=evals.curve,
-                       metrics=out_metrics, best_state=best.state, diverged=evals.diverged,
+                       metrics=out_metrics, state=state, best_state=best.state,
+                       best_mean=best_mean, diverged=evals.diverged,
                        reached_target=evals.reached, eval_every_s=evals.every_s)

@@ -220,8 +220,8 @@ def _train_agent(task: Task, algorithm: str, hparams: Mapping[str, Scalar], seed
                              eval_every_s=task.eval_every_s, on_progress=progress,
                              should_stop=stop.is_set, eval_episodes=episodes)
         run.env_steps = result.env_steps
-        if result.best_state is not None and math.isfinite(result.score_mean):
-            run.best_score, run.best_state = result.score_mean, result.best_state
+        if result.best_state is not None and math.isfinite(result.best_mean):
+            run.best_score, run.best_state = result.best_mean, result.best_state
         if (task.target is not None and run.reached_at is None
                 and run.best_score is not None and run.best_score >= task.target):
             # reached at the round's final evaluation, at the deadline

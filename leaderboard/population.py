@@ -4,9 +4,10 @@ The population is a set of *lineages*: chains of checkpoints where each round co
 the previous one. A lineage's *head* is its newest checkpoint. ``Planner.next`` decides
 the next round in two steps.
 
-1. **Algorithm, by quota.** Until every algorithm of the mix has a checkpoint, rounds
-   go to algorithms in proportion to the mix weights (ties in the mix's order). Then
-   the *leading* algorithm (the one holding the best checkpoint) gets most rounds and
+1. **Algorithm, by quota.** Until every algorithm of the mix has a *ready* lineage
+   (see below), rounds go to algorithms in proportion to the mix weights (ties in the
+   mix's order). Then the *leading* algorithm (the one holding the best checkpoint)
+   gets most rounds and
    every other one keeps ``min_share`` (scaled by its mix weight), so a slow starter
    is not culled before it pays off. The choice is the algorithm furthest below its
    share of the rounds issued so far (deficit round robin: deterministic and fair).
@@ -181,11 +182,14 @@ class Planner:
     # ---------------------------------------------------------------- deciding
 
     def _algorithm(self) -> str:
+        # an algorithm is judged once one of its lineages is ready: an early lead of a
+        # fast starter (PPO in its first seconds) must not take the rounds of the others
         best = {}
         for name in self.mix:
-            top = self.store.top(1, algorithm=name)
-            if top:
-                best[name] = top[0].score_mean
+            entries = self.store.top(1_000_000, algorithm=name)
+            family = Family(entries)
+            if any(family.since(h.id) >= self.config.ready_s for h in family.heads):
+                best[name] = entries[0].score_mean
         share = shares(self.mix, best, self.config.min_share)
         order = list(self.mix)
         return min(order, key=lambda a: ((self.rounds.get(a, 0) + 1) / max(share[a], 1e-9),

@@ -55,8 +55,8 @@ def _job(steps: int, **changes: Any) -> RoundJob:
 
 
 def _child(parent: RoundOutput, seed: int, steps: int = 40) -> RoundJob:
-    assert parent.result.best_state is not None
-    return _job(steps, seed=seed, state=parent.result.best_state, replay=parent.replay,
+    assert parent.result.state is not None
+    return _job(steps, seed=seed, state=parent.result.state, replay=parent.replay,
                 own_rng=True)
 
 
@@ -141,7 +141,7 @@ def test_a_continuing_child_holds_its_parents_transitions_and_a_fresh_one_starts
     rows = child.replay["replay.obs"]
     assert rows.shape[0] == 80 + 40
     assert torch.equal(rows[:80], kept)  # the parent's transitions, oldest first
-    cold = runner.run(_job(40, seed=2, state=parent.result.best_state, own_rng=True))
+    cold = runner.run(_job(40, seed=2, state=parent.result.state, own_rng=True))
     assert cold.replay is not None and cold.replay["replay.obs"].shape[0] == 40
     runner.close()
 
@@ -200,6 +200,6 @@ def test_process_worker_runs_rounds_like_a_thread_and_reports_bad_jobs() -> None
         stop = threading.Event()
         stop.set()  # a stopped pod's round ends at once, and is still evaluated
         short = worker.run(_job(10**9, budget=Budget(seconds=600.0)), should_stop=stop.is_set)
-        assert short.result.env_steps < 10**6 and short.result.best_state is not None
+        assert short.result.env_steps < 10**6 and short.result.state is not None
     finally:
         worker.close()

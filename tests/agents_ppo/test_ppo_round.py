@@ -50,10 +50,11 @@ def test_train_round_respects_the_step_budget_and_reports() -> None:
     assert [p.env_steps for p in progress] == [32, 64, 96, 128]
     assert all(p.score is not None for p in progress)
     assert len(result.curve) == 5  # one per iteration plus the final evaluation
-    assert result.score_mean == max(score for _, score, _ in result.curve)
+    assert result.best_mean == max(score for _, score, _ in result.curve)
+    assert result.score_mean == result.curve[-1][1]  # the final state's score
     assert -2000 < result.score_mean < 0
-    assert result.best_state.keys() == agent.state_dict().keys()
-    assert result.metrics["eval/best_mean"] == result.score_mean
+    assert result.state is not None and result.state.keys() == agent.state_dict().keys()
+    assert result.metrics["eval/best_mean"] == result.best_mean
 
 
 def test_should_stop_ends_the_round_but_still_evaluates() -> None:
@@ -120,9 +121,9 @@ def test_a_diverged_agent_ends_its_round_without_an_assert() -> None:
     env, eval_env = make_env("torch/Pendulum-v1", 8), make_env("torch/Pendulum-v1", 2)
     never = train_round(_Diverging(0), env, eval_env, Budget(seconds=60.0),  # type: ignore[arg-type]
                         eval_every_s=0.0, eval_episodes=2)
-    assert never.diverged and never.best_state is None and len(never.curve) == 1
+    assert never.diverged and never.state is None and len(never.curve) == 1
     once = train_round(_Diverging(1), env, eval_env, Budget(seconds=60.0),  # type: ignore[arg-type]
                        eval_every_s=0.0, eval_episodes=2)
     # the finite evaluation before it blew up is what the round publishes
-    assert once.diverged and once.best_state is not None and len(once.curve) == 2
+    assert once.diverged and once.state is not None and len(once.curve) == 2
     assert once.score_mean == once.curve[0][1]

@@ -65,9 +65,9 @@ def test_first_rounds_follow_the_mix_order_then_the_leader_gets_most(
         planner.issued(f"f{n}", plan)
         firsts.append(plan.algorithm)
     assert firsts == ["ppo", "sac", "td3"]
-    _put(store, "f0", "ppo", -500.0)
-    _put(store, "f1", "sac", -150.0)  # the leader
-    _put(store, "f2", "td3", -300.0)
+    _put(store, "f0", "ppo", -500.0, wall=100.0)  # every lineage ready (ready_s 60)
+    _put(store, "f1", "sac", -150.0, wall=100.0)  # the leader
+    _put(store, "f2", "td3", -300.0, wall=100.0)
     issued = {"ppo": 0, "sac": 0, "td3": 0}
     for n in range(20):
         plan = planner.next()
@@ -139,3 +139,17 @@ def test_bad_population_settings_name_the_field() -> None:
         PopulationConfig(members=0)
     with pytest.raises(ConfigError, match=r"population\.min_share"):
         PopulationConfig(min_share=1.5)
+
+
+def test_an_early_lead_before_every_algorithm_is_ready_takes_no_rounds(
+        store: LeaderboardStore) -> None:
+    _put(store, "p", "ppo", 0.5, wall=20.0)  # a fast starter leads after one round
+    _put(store, "s", "sac", -20.0, wall=20.0)
+    _put(store, "t", "td3", -300.0, wall=20.0)
+    planner = _planner(store)
+    counts = {"ppo": 0, "sac": 0, "td3": 0}
+    for n in range(6):
+        plan = planner.next()
+        planner.issued(f"x{n}", plan)
+        counts[plan.algorithm] += 1
+    assert counts == {"ppo": 2, "sac": 2, "td3": 2}

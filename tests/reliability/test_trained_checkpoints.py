@@ -39,7 +39,7 @@ def _trained(algorithm: str) -> Checkpoint:
         env.close()
         eval_env.close()
     return Checkpoint(experiment="x", init_id="i", pod="p", algorithm=algorithm, env=ENV,
-                      hparams=dict(SMALL), state=result.best_state, score_mean=0.0,
+                      hparams=dict(SMALL), state=result.state, score_mean=0.0,
                       score_std=0.0, env_steps=result.env_steps, wall_time=1.0)
 
 
