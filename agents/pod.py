@@ -34,8 +34,8 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from agents.base import AlgorithmRegistry
 from agents.continuity import ReplayCache, default_cache_bytes
-from agents.registry import default_registry
 from agents.round import Progress, RoundResult
 from agents.runner import (
     BuildError,
@@ -47,13 +47,14 @@ from agents.runner import (
     Worker,
 )
 from broker.blobstore import FileBlobStore
+from broker.connect import Connector
+from broker.control import watch_stop
 from broker.errors import BrokerError
 from broker.schemas import Budget, Checkpoint, Initialization, Metrics
 from broker.service import ServiceContext
-from broker.transport import Delivery, Transport, connect
+from broker.settings import Settings
+from broker.transport import Delivery, Transport
 from envs.registry import make_env
-from podracer.control import watch_stop
-from podracer.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -185,32 +186,33 @@ class Pod:
                 log.warning("%s: metrics not sent: %s", self.ctx.name, exc)
 
 
-def make_worker(settings: Settings, kind: str) -> Worker:
+def make_worker(settings: Settings, registry: AlgorithmRegistry, kind: str) -> Worker:
     """A ``thread`` or ``process`` worker (see ``agents.runner``) for this pod's rounds."""
     exp = settings.experiment
     config = RunnerConfig(device=str(settings.torch_device()), eval_episodes=exp.eval_episodes,
                           learners=exp.learners, torch_threads=settings.torch_threads)
     if kind == "process":
-        return ProcessWorker(default_registry, config, make_env)
-    return ThreadWorker(RoundRunner(default_registry(), config, make_env))
+        return ProcessWorker(registry, config, make_env)
+    return ThreadWorker(RoundRunner(registry, config, make_env))
 
 
-async def main(ctx: ServiceContext[Settings], *, worker: str = "thread",
+async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
+               connect: Connector, worker: str = "thread",
                cache: ReplayCache | None = None) -> int:
     """Run a pod until ``control.stop`` or SIGTERM; exit 0 after draining.
 
-    ``worker`` says where rounds run (``thread`` or ``process``, see ``agents.runner``);
-    ``cache`` is the replay cache shared with other pods of this process (default: the
-    pod's own)."""
+    ``registry`` holds the algorithms and ``connect`` reaches the broker (both built
+    where the program starts). ``worker`` says where rounds run (``thread`` or
+    ``process``, see ``agents.runner``); ``cache`` is the replay cache shared with other
+    pods of this process (default: the pod's own)."""
     settings = ctx.settings
     if settings.torch_threads and worker == "thread":
         torch.set_num_threads(settings.torch_threads)
     blobs = FileBlobStore(settings.store)
-    runner = await asyncio.to_thread(make_worker, settings, worker)
+    runner = await asyncio.to_thread(make_worker, settings, registry, worker)
     cache = cache if cache is not None else ReplayCache(default_cache_bytes())
     try:
-        async with connect(settings.broker, experiment=settings.experiment.name, blobs=blobs,
-                           memory=settings.memory) as transport:
+        async with connect(experiment=settings.experiment.name, blobs=blobs) as transport:
             pod = Pod(ctx, transport, runner, cache)
             ctx.heartbeat(transport, role="pod", status_fn=lambda: pod.status)
             side = [asyncio.create_task(watch_stop(ctx, transport)),

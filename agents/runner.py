@@ -180,12 +180,12 @@ class ThreadWorker:
 
 
 def _serve(conn: multiprocessing.connection.Connection, stop: Any,
-           registry_factory: Callable[[], AlgorithmRegistry], config: RunnerConfig,
+           registry: AlgorithmRegistry, config: RunnerConfig,
            make_env: Callable[[str, int, torch.device], VecEnv]) -> None:
     """The worker process: run each job received on ``conn`` until ``None`` arrives."""
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
-    runner = RoundRunner(registry_factory(), config, make_env)
+    runner = RoundRunner(registry, config, make_env)
     last = [-1.0]
 
     def report(progress: Progress) -> None:
@@ -220,9 +220,10 @@ class ProcessWorker:
     A worker whose process died is started again for the next round; the round it was
     running fails with ``PodracerError`` (the pod returns it to the queue)."""
 
-    def __init__(self, registry_factory: Callable[[], AlgorithmRegistry], config: RunnerConfig,
+    def __init__(self, registry: AlgorithmRegistry, config: RunnerConfig,
                  make_env: Callable[[str, int, torch.device], VecEnv]) -> None:
-        self._args = (registry_factory, config, make_env)
+        # the registry is pickled into the child: its algorithms must be importable there
+        self._args = (registry, config, make_env)
         self._mp = multiprocessing.get_context("spawn")
         self._lock = threading.Lock()
         self._proc: Any = None

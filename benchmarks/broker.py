@@ -35,9 +35,10 @@ import aio_pika  # noqa: E402
 import torch  # noqa: E402
 
 from broker.blobstore import FileBlobStore  # noqa: E402
+from broker.connect import connect  # noqa: E402
 from broker.schemas import Checkpoint  # noqa: E402
 from broker.topology import Topology  # noqa: E402
-from broker.transport import DEFAULT_INLINE_LIMIT, connect  # noqa: E402
+from broker.transport import DEFAULT_INLINE_LIMIT  # noqa: E402
 
 MIB = 1024 * 1024
 

@@ -55,19 +55,19 @@ import torch
 from agents.registry import default_registry
 from agents.round import build_agent, resolve_config
 from broker.blobstore import FileBlobStore
+from broker.connect import connect
 from broker.errors import BrokerError
+from broker.experiment import Experiment
 from broker.schemas import Checkpoint, Initialization, Stop
-from broker.sync_client import SyncClient
-from broker.transport import connect
-from envs.registry import make_env
-from leaderboard.store import LeaderboardStore
-from podracer.experiment import Experiment
-from podracer.settings import (
+from broker.settings import (
     configure_logging,
     default_experiment,
     read_experiment,
     write_experiment,
 )
+from broker.sync_client import SyncClient
+from envs.registry import make_env
+from leaderboard.store import LeaderboardStore
 
 ENV = "torch/Pendulum-v1"
 WARMUP_S = 10.0

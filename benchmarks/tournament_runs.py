@@ -41,10 +41,10 @@ from agents.evaluator import evaluate
 from agents.registry import default_registry
 from agents.round import Progress, build_agent, resolve_config, train_round
 from broker.schemas import Budget
+from broker.settings import default_experiment, settings_from_env
 from envs.registry import make_env
 from leaderboard.mutation import fresh_hparams
 from leaderboard.store import Entry, LeaderboardStore
-from podracer.settings import default_experiment, settings_from_env
 from podracer.train import train
 
 log = logging.getLogger(__name__)

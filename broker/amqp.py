@@ -44,10 +44,10 @@ from aio_pika.abc import (
 )
 
 from broker.errors import ConfigError, ConnectionClosed, MessageError, PublishError
+from broker.messages import DEFAULT_INLINE_LIMIT
 from broker.schemas import Message
 from broker.topology import DEAD_QUEUE_ARGS, WORK_QUEUES, Topology
 from broker.transport import (
-    DEFAULT_INLINE_LIMIT,
     DEFAULT_PUBLISH_TRIES,
     Delivery,
     check_pattern,

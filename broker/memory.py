@@ -23,10 +23,10 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from broker.errors import ConnectionClosed, MessageError
+from broker.messages import DEFAULT_INLINE_LIMIT
 from broker.schemas import Message
 from broker.topology import DELIVERY_LIMIT, Topology
 from broker.transport import (
-    DEFAULT_INLINE_LIMIT,
     Delivery,
     check_pattern,
     check_prefetch,

@@ -6,7 +6,7 @@ One small interface, two implementations with the same semantics:
 - ``memory://`` -> :class:`broker.memory.MemoryTransport` (in-process, for unit tests
   and ``podracer train`` with nothing installed).
 
-Typical service code::
+Typical service code (``broker.connect.connect`` builds the transport for a URL)::
 
     async with connect(url, experiment="ant", blobs=FileBlobStore(root)) as transport:
         async with transport.consume("generator", prefetch=1, expect=Initialization) as inbox:
@@ -57,7 +57,6 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 from broker.errors import ConfigError
 from broker.messages import (
     CLAIM_CONTENT_TYPE,
-    DEFAULT_INLINE_LIMIT,
     decode_message,
     encode_message,
 )
@@ -65,7 +64,6 @@ from broker.schemas import Message
 
 if TYPE_CHECKING:
     from broker.blobstore import BlobStore
-    from broker.memory import MemoryBroker
     from broker.topology import Topology
 
 M = TypeVar("M", bound=Message, covariant=True)
@@ -175,39 +173,6 @@ def check_prefetch(prefetch: int) -> int:
         raise ConfigError("prefetch", f"must be an integer >= 1, got {prefetch!r}",
                           "use 1 for long tasks (a pod), more for quick handlers")
     return prefetch
-
-
-def connect(
-    url: str,
-    *,
-    experiment: str,
-    blobs: BlobStore | None = None,
-    memory: MemoryBroker | None = None,
-    inline_limit: int = DEFAULT_INLINE_LIMIT,
-) -> Transport:
-    """Build the transport for ``url`` (``amqp://``, ``amqps://`` or ``memory://``).
-
-    ``blobs`` is the shared blob store for claim-checked payloads (needed when a message
-    may exceed ``inline_limit`` bytes). ``memory`` is the in-process hub that all
-    ``memory://`` transports of one test or one process share; a fresh one is made when
-    omitted. No connection is made until the first awaited call.
-    """
-    if isinstance(inline_limit, bool) or not isinstance(inline_limit, int) or inline_limit < 1:
-        raise ConfigError("inline_limit", f"must be a positive integer, got {inline_limit!r}",
-                          "use the default (4 MiB) unless the broker's max message size differs")
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    if scheme == "memory":
-        from broker.memory import MemoryBroker, MemoryTransport
-
-        hub = memory if memory is not None else MemoryBroker()
-        return MemoryTransport(hub, experiment=experiment, blobs=blobs, inline_limit=inline_limit)
-    if scheme in ("amqp", "amqps"):
-        # imported lazily so memory mode works without aio-pika importable
-        from broker.amqp import AmqpTransport
-
-        return AmqpTransport(url, experiment=experiment, blobs=blobs, inline_limit=inline_limit)
-    raise ConfigError("url", f"unsupported broker URL {redact(url)!r}",
-                      "use amqp://user:pass@host:5672/vhost, amqps://... or memory://")
 
 
 def redact(url: str) -> str:

@@ -26,19 +26,19 @@ import logging
 import random
 
 from agents.base import AlgorithmRegistry, config_from_hparams, config_to_hparams
-from agents.registry import default_registry
 from broker.blobstore import FileBlobStore
+from broker.connect import Connector
+from broker.control import sleep_or_stop, watch_stop
 from broker.errors import BrokerError
+from broker.experiment import Experiment
 from broker.schemas import Initialization
 from broker.service import ServiceContext
-from broker.transport import Transport, connect
+from broker.settings import Settings
+from broker.transport import Transport
 from leaderboard.mutation import fresh_hparams, mutate_hparams
 from leaderboard.population import Plan, Planner, PopulationConfig
-from leaderboard.selection import build_selection
+from leaderboard.selection import SelectionRegistry
 from leaderboard.store import LeaderboardStore
-from podracer.control import sleep_or_stop, watch_stop
-from podracer.experiment import Experiment
-from podracer.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +67,13 @@ class InitializationMaker:
     """Plans rounds and builds their initializations; no I/O but the store's reads."""
 
     def __init__(self, experiment: Experiment, registry: AlgorithmRegistry,
-                 store: LeaderboardStore, rng: random.Random | None = None,
-                 pods: int = 1) -> None:
+                 strategies: SelectionRegistry, store: LeaderboardStore,
+                 rng: random.Random | None = None, pods: int = 1) -> None:
         self.experiment = experiment
         self.registry = registry
         self.store = store
         self.rng = rng or random.Random(experiment.seed)
-        selection = build_selection(experiment.selection.name, experiment.selection.params)
+        selection = strategies.build(experiment.selection.name, experiment.selection.params)
         self.planner = Planner(experiment.algos, population_config(experiment, pods),
                                selection, store, self.rng,
                                lost_after_s=3 * round_seconds(experiment) + 120.0)
@@ -163,15 +163,14 @@ async def keep_stocked(ctx: ServiceContext[Settings], transport: Transport,
     return published
 
 
-async def main(ctx: ServiceContext[Settings]) -> int:
+async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
+               strategies: SelectionRegistry, connect: Connector) -> int:
     """Run the generator until ``control.stop`` or SIGTERM; exit 0."""
     settings = ctx.settings
-    registry = default_registry()
     blobs = FileBlobStore(settings.store)
     with LeaderboardStore(settings.store) as store:
-        async with connect(settings.broker, experiment=settings.experiment.name, blobs=blobs,
-                           memory=settings.memory) as transport:
-            maker = InitializationMaker(settings.experiment, registry, store)
+        async with connect(experiment=settings.experiment.name, blobs=blobs) as transport:
+            maker = InitializationMaker(settings.experiment, registry, strategies, store)
             ctx.heartbeat(transport, role="generator")
             stop_task = asyncio.create_task(watch_stop(ctx, transport))
             try:

@@ -8,35 +8,13 @@ passed in, in sorted field order, so a seeded ``random.Random`` reproduces a run
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import random
 from collections.abc import Mapping
 from typing import Any
 
 from agents.base import Scalar, SearchDim, config_from_hparams, config_to_hparams
 from broker.errors import ConfigError
-
-
-@dataclasses.dataclass(frozen=True)
-class MutationConfig:
-    """How a hyperparameter of an exploited checkpoint is explored."""
-
-    resample_p: float = 0.25
-    """Probability of drawing a search-space field afresh instead of perturbing it."""
-    perturb_factors: tuple[float, float] = (0.8, 1.25)
-    """A perturbed field is multiplied by one of these, each with probability 0.5."""
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.resample_p <= 1.0:
-            raise ConfigError("mutation.resample_p", f"must be in [0, 1], got {self.resample_p}")
-        if len(self.perturb_factors) != 2:
-            raise ConfigError("mutation.perturb_factors", "give exactly two factors",
-                              "e.g. [0.8, 1.25]")
-        for factor in self.perturb_factors:
-            if not (math.isfinite(factor) and factor > 0):
-                raise ConfigError("mutation.perturb_factors",
-                                  f"factors must be finite and > 0, got {factor}")
+from broker.experiment import MutationConfig
 
 
 def _defaults(config_cls: type) -> dict[str, Scalar]:

@@ -109,30 +109,41 @@ class Tournament:
         return ranked(contestants)[0]
 
 
-STRATEGIES: Mapping[str, Callable[..., SelectionStrategy]] = {
-    "fresh": Fresh,
-    "top_k": TopKUniform,
-    "softmax": Softmax,
-    "tournament": Tournament,
-}
+class SelectionRegistry:
+    """Selection strategies by name; built once where the program starts and passed in,
+    so a user can plug a strategy without editing the package."""
+
+    def __init__(self, factories: Mapping[str, Callable[..., SelectionStrategy]]) -> None:
+        self._factories = dict(factories)
+
+    def names(self) -> list[str]:
+        """Registered names, sorted."""
+        return sorted(self._factories)
+
+    def build(self, name: str, params: Mapping[str, Any] | None = None) -> SelectionStrategy:
+        """The strategy called ``name`` with ``params``; ``ConfigError`` lists names or
+        params."""
+        factory = self._factories.get(name)
+        if factory is None:
+            raise ConfigError("selection.name", f"unknown strategy {name!r}",
+                              f"choose one of {', '.join(self.names())}")
+        params = dict(params or {})
+        known = {f.name: f for f in dataclasses.fields(factory)}  # type: ignore[arg-type]
+        for key, value in params.items():
+            if key not in known:
+                listed = ", ".join(sorted(known)) or "none"
+                raise ConfigError(f"selection.{key}", f"unknown parameter of {name!r}",
+                                  f"known: {listed}")
+            want: type[Any] = type(known[key].default)
+            if isinstance(value, bool) or not isinstance(value, int | float) or (
+                    want is int and not isinstance(value, int)):
+                raise ConfigError(f"selection.{key}",
+                                  f"expected {want.__name__}, got {value!r}")
+            params[key] = want(value)
+        return factory(**params)
 
 
-def build_selection(name: str, params: Mapping[str, Any] | None = None) -> SelectionStrategy:
-    """The strategy called ``name`` with ``params``; ``ConfigError`` lists names or params."""
-    factory = STRATEGIES.get(name)
-    if factory is None:
-        raise ConfigError("selection.name", f"unknown strategy {name!r}",
-                          f"choose one of {', '.join(sorted(STRATEGIES))}")
-    params = dict(params or {})
-    known = {f.name: f for f in dataclasses.fields(factory)}  # type: ignore[arg-type]
-    for key, value in params.items():
-        if key not in known:
-            listed = ", ".join(sorted(known)) or "none"
-            raise ConfigError(f"selection.{key}", f"unknown parameter of {name!r}",
-                              f"known: {listed}")
-        want: type[Any] = type(known[key].default)
-        if isinstance(value, bool) or not isinstance(value, int | float) or (
-                want is int and not isinstance(value, int)):
-            raise ConfigError(f"selection.{key}", f"expected {want.__name__}, got {value!r}")
-        params[key] = want(value)
-    return factory(**params)
+def default_strategies() -> SelectionRegistry:
+    """``fresh``, ``top_k``, ``softmax`` and ``tournament``."""
+    return SelectionRegistry({"fresh": Fresh, "top_k": TopKUniform, "softmax": Softmax,
+                              "tournament": Tournament})

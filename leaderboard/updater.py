@@ -29,18 +29,18 @@ import torch
 
 from agents.base import AlgorithmRegistry
 from agents.evaluator import evaluate
-from agents.registry import default_registry
 from agents.round import build_agent, resolve_config
 from broker.blobstore import FileBlobStore
+from broker.connect import Connector
+from broker.control import drain_until_idle, watch_stop
 from broker.errors import BrokerError, ConfigError, PodracerError, SchemaError
 from broker.schemas import Checkpoint, LeaderboardChanged
 from broker.service import ServiceContext
-from broker.transport import Delivery, Transport, connect
+from broker.settings import Settings
+from broker.transport import Delivery, Transport
 from envs.base import VecEnv
 from envs.registry import make_env
 from leaderboard.store import LeaderboardStore
-from podracer.control import drain_until_idle, watch_stop
-from podracer.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -204,18 +204,17 @@ class Updater:
                 log.warning("leaderboard.changed not sent: %s", exc)
 
 
-async def main(ctx: ServiceContext[Settings], reevaluate: bool = False,
+async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
+               connect: Connector, reevaluate: bool = False,
                pods_done: asyncio.Event | None = None) -> int:
     """Run the updater until ``control.stop`` or SIGTERM, then drain and exit 0.
 
     The drain ends after ``DRAIN_IDLE_S`` without a checkpoint, or as soon as the queue
     is empty once ``pods_done`` is set (embedded mode knows when its pods returned)."""
     settings = ctx.settings
-    registry = default_registry()
     blobs = FileBlobStore(settings.store)
     with LeaderboardStore(settings.store) as store:
-        async with connect(settings.broker, experiment=settings.experiment.name, blobs=blobs,
-                           memory=settings.memory) as transport:
+        async with connect(experiment=settings.experiment.name, blobs=blobs) as transport:
             updater = Updater(ctx, transport, store, registry, reevaluate)
             ctx.heartbeat(transport, role="updater")
             stop_task = asyncio.create_task(watch_stop(ctx, transport))

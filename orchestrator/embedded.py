@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 
 from broker.service import ServiceContext
-from podracer.settings import Settings
+from broker.settings import Settings
 
 log = logging.getLogger(__name__)
 

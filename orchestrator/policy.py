@@ -23,7 +23,7 @@ from broker.errors import ConfigError
 from orchestrator.probes import NodeLoad
 
 if TYPE_CHECKING:
-    from podracer.experiment import Experiment
+    from broker.experiment import Experiment
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,23 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import IO, Any, Protocol, runtime_checkable
 
 from broker.errors import BrokerError, ConfigError
-
-if TYPE_CHECKING:
-    from podracer.settings import Settings
+from broker.settings import Settings, settings_environment, write_experiment
 
 log = logging.getLogger(__name__)
 
@@ -343,38 +339,6 @@ class NullScaler:
 SCALERS = ("local", "swarm", "none")
 
 
-def pod_environment(settings: Settings, experiment_file: Path) -> dict[str, str]:
-    """The ``PODRACER_*`` variables a pod process needs to join this experiment."""
-    env = {"PODRACER_BROKER": settings.broker, "PODRACER_STORE": str(settings.store),
-           "PODRACER_EXPERIMENT_FILE": str(experiment_file)}
-    if settings.device:
-        env["PODRACER_DEVICE"] = settings.device
-    if settings.torch_threads:
-        env["PODRACER_TORCH_THREADS"] = str(settings.torch_threads)
-    return env
-
-
-def write_experiment_json(settings: Settings) -> Path:
-    """Write the orchestrator's validated experiment for its pods, atomically.
-
-    Pods read exactly what the orchestrator runs (CLI overrides included); the file
-    lives in the shared store as ``experiment.json``, the name ``podracer train`` uses.
-    """
-    path = Path(settings.store) / "experiment.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(settings.experiment.to_dict(), indent=2, sort_keys=True)
-    fd, tmp = tempfile.mkstemp(prefix=".experiment-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)  # a pod starting now never reads half a file
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return path
-
-
 def build_scaler(kind: str | None, settings: Settings, log_dir: str | Path | None = None,
                  environ: Mapping[str, str] | None = None) -> Scaler:
     """The scaler called ``kind`` (default ``PODRACER_SCALER``, else ``local``).
@@ -386,7 +350,9 @@ def build_scaler(kind: str | None, settings: Settings, log_dir: str | Path | Non
     env = os.environ if environ is None else environ
     kind = kind or env.get("PODRACER_SCALER") or "local"
     if kind == "local":
-        pod_env = pod_environment(settings, write_experiment_json(settings))
+        experiment_file = write_experiment(settings.experiment,
+                                           Path(settings.store) / "experiment.json")
+        pod_env = settings_environment(settings, experiment_file)
         return LocalProcessScaler([sys.executable, "-m", "podracer", "serve", "pod"],
                                   env=pod_env, name_prefix=f"pod-{socket.gethostname()}",
                                   log_dir=Path(log_dir) if log_dir else None)

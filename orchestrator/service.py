@@ -23,15 +23,16 @@ import os
 import time
 from typing import Any
 
+from broker.connect import Connector
+from broker.control import watch_stop
 from broker.errors import BrokerError
 from broker.schemas import LeaderboardChanged, Scale, Stop
 from broker.service import ServiceContext
-from broker.transport import Transport, connect
+from broker.settings import Settings
+from broker.transport import Transport
 from orchestrator.policy import QueueStats, ScalingDecider, ScalingPolicy, StopCondition
 from orchestrator.probes import NodeProbe, Probe, machine_pods
 from orchestrator.scalers import Scaler
-from podracer.control import watch_stop
-from podracer.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -159,9 +160,9 @@ class Orchestrator:
                                        max(0.0, next_step - time.monotonic()))
 
 
-async def main(ctx: ServiceContext[Settings], scaler: Scaler, probe: Probe | None = None,
-               policy: ScalingPolicy | None = None, poll_s: float = 1.0,
-               remind_for_s: float = STOP_REMIND_FOR_S) -> int:
+async def main(ctx: ServiceContext[Settings], scaler: Scaler, *, connect: Connector,
+               probe: Probe | None = None, policy: ScalingPolicy | None = None,
+               poll_s: float = 1.0, remind_for_s: float = STOP_REMIND_FOR_S) -> int:
     """Run the orchestrator with ``scaler``; stops its pods gracefully and exits 0.
 
     After a stop it keeps announcing it for ``remind_for_s`` seconds, for pods it does
@@ -169,8 +170,7 @@ async def main(ctx: ServiceContext[Settings], scaler: Scaler, probe: Probe | Non
     settings = ctx.settings
     probe = probe or NodeProbe()
     policy = policy or default_policy(settings)
-    async with connect(settings.broker, experiment=settings.experiment.name,
-                       memory=settings.memory) as transport:
+    async with connect(experiment=settings.experiment.name) as transport:
         orchestrator = Orchestrator(ctx, transport, scaler, probe, policy, poll_s)
         ctx.heartbeat(transport, role="orchestrator",
                       status_fn=lambda: f"{scaler.current()} pods")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.errors import ConfigError, PodracerError
-from podracer.settings import (
+from broker.settings import (
     DEFAULT_ENV,
     Settings,
     configure_logging,
@@ -18,6 +18,7 @@ from podracer.settings import (
     read_experiment,
     settings_from_env,
 )
+from orchestrator.scalers import SCALERS
 
 _BUDGET = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 _SECONDS = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
@@ -66,6 +67,8 @@ def _experiment_from_args(args: argparse.Namespace) -> Any:
         changes["round_budget"] = ({"seconds": rb["seconds"]} if "seconds" in rb
                                    else {"steps": rb["env_steps"]})
     from agents.registry import default_registry
+    from leaderboard.checks import experiment_check
+    from leaderboard.selection import default_strategies
 
     algos = changes.get("algos")
     exp = exp.with_overrides({k: v for k, v in changes.items() if k != "algos"})
@@ -74,10 +77,11 @@ def _experiment_from_args(args: argparse.Namespace) -> Any:
         data["algos"] = algos
         data["num_envs"] = {k: v for k, v in data["num_envs"].items() if k in algos}
         data["hparams"] = {k: v for k, v in data["hparams"].items() if k in algos}
-        from podracer.experiment import parse_experiment
+        from broker.experiment import parse_experiment
 
         exp = parse_experiment(data)
-    return exp.with_overrides({}, registry=default_registry())
+    return exp.with_overrides({}, check=experiment_check(default_registry(),
+                                                         default_strategies()))
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -112,29 +116,42 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from agents.registry import default_registry
+    from broker.connect import connector
     from broker.service import run_service
 
     settings = _serve_settings(args, args.role)
     name = settings.instance_name(args.role)
+    # the registries and the broker connection are built here, once, and passed in
+    connect = connector(settings.broker)
+    registry = default_registry()
     if args.role == "pod":
         from agents import pod
 
-        return run_service(pod.main, settings, name=name)
+        return run_service(lambda ctx: pod.main(ctx, registry=registry, connect=connect),
+                           settings, name=name)
     if args.role == "updater":
         from leaderboard import updater
 
-        return run_service(lambda ctx: updater.main(ctx, reevaluate=args.reevaluate), settings,
-                           name=name)
+        return run_service(lambda ctx: updater.main(ctx, registry=registry, connect=connect,
+                                                    reevaluate=args.reevaluate),
+                           settings, name=name)
     if args.role == "generator":
         from leaderboard import generator
+        from leaderboard.selection import default_strategies
 
-        return run_service(generator.main, settings, name=name)
+        strategies = default_strategies()
+        return run_service(lambda ctx: generator.main(ctx, registry=registry,
+                                                      strategies=strategies,
+                                                      connect=connect),
+                           settings, name=name)
     from orchestrator import service
     from orchestrator.scalers import build_scaler
 
     scaler = build_scaler(args.scaler, settings, log_dir=args.log_dir)
     policy = service.default_policy(settings, min_pods=args.min_pods)
-    return run_service(lambda ctx: service.main(ctx, scaler, policy=policy, poll_s=args.poll),
+    return run_service(lambda ctx: service.main(ctx, scaler, connect=connect, policy=policy,
+                                                poll_s=args.poll),
                        settings, name=name)
 
 
@@ -173,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="instance name (env PODRACER_POD)")
     p.add_argument("--reevaluate", action="store_true",
                    help="updater: re-evaluate checkpoints instead of trusting pods")
-    p.add_argument("--scaler", default=None, choices=["local", "swarm", "none"],
+    p.add_argument("--scaler", default=None, choices=SCALERS,
                    help="orchestrator: how pods are run (env PODRACER_SCALER, default local)")
     p.add_argument("--min-pods", type=int, default=None, help="orchestrator: floor of pods")
     p.add_argument("--poll", type=float, default=1.0, help="orchestrator: seconds per poll")

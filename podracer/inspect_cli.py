@@ -43,8 +43,8 @@ _TABLE_HEAD = ("rank", "id", "algorithm", "score", "env steps", "gen", "parent",
 
 def experiment_name(value: str | None) -> str:
     """The experiment's name from a file path or a bare name (see the module doc)."""
+    from broker.settings import default_experiment, read_experiment
     from broker.topology import check_experiment
-    from podracer.settings import default_experiment, read_experiment
 
     if value is None:
         from_env = os.environ.get("PODRACER_EXPERIMENT_FILE")
@@ -292,7 +292,7 @@ def _queue_rows(broker: str, experiment: str, management: str | None) -> tuple[s
 async def listen_heartbeats(broker: str, experiment: str, seconds: float
                             ) -> dict[str, tuple[float, Heartbeat]]:
     """Heartbeats heard on ``heartbeat.*`` for ``seconds``: name -> (monotonic time, last)."""
-    from broker.transport import connect
+    from broker.connect import connect
 
     beats: dict[str, tuple[float, Heartbeat]] = {}
     loop = asyncio.get_running_loop()

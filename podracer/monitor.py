@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from broker.experiment import Experiment
 from broker.schemas import Heartbeat, LeaderboardChanged, Message, Metrics, Stop
 from broker.transport import Transport
-from podracer.experiment import Experiment
 
 log = logging.getLogger(__name__)
 

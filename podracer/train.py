@@ -27,19 +27,23 @@ from pathlib import Path
 from typing import Any
 
 from agents import pod as pod_service
+from agents.base import AlgorithmRegistry
 from agents.continuity import ReplayCache, default_cache_bytes
+from agents.registry import default_registry
+from broker.connect import Connector, connector
 from broker.memory import MemoryBroker
 from broker.schemas import Budget
 from broker.service import ServiceContext
-from broker.transport import connect, redact
+from broker.settings import Settings, settings_environment, write_experiment
+from broker.transport import redact
 from leaderboard import generator as generator_service
 from leaderboard import updater as updater_service
+from leaderboard.selection import SelectionRegistry, default_strategies
 from orchestrator import service as orchestrator_service
 from orchestrator.embedded import TaskScaler
 from orchestrator.probes import machine_pods
 from podracer.monitor import Monitor
 from podracer.report import write_report
-from podracer.settings import Settings, write_experiment
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +66,9 @@ class _EmbeddedPods:
     of this process, every other one in a worker process of its own (one Python process
     runs about one core's worth of an RL round, see ``agents.runner``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, registry: AlgorithmRegistry, connect: Connector) -> None:
+        self.registry = registry
+        self.connect = connect
         self.cache = ReplayCache(default_cache_bytes())
         self._thread_taken = False
 
@@ -70,18 +76,20 @@ class _EmbeddedPods:
         worker = "process" if self._thread_taken else "thread"
         self._thread_taken = True
         try:
-            return await pod_service.main(ctx, worker=worker, cache=self.cache)
+            return await pod_service.main(ctx, registry=self.registry, connect=self.connect,
+                                          worker=worker, cache=self.cache)
         finally:
             if worker == "thread":
                 self._thread_taken = False
 
 
-async def _embedded(settings: Settings, monitor: Monitor) -> int:
+async def _embedded(settings: Settings, monitor: Monitor, registry: AlgorithmRegistry,
+                    strategies: SelectionRegistry) -> int:
     loop = asyncio.get_running_loop()
-    hub = MemoryBroker()
-    settings = dataclasses.replace(settings, memory=hub, broker="memory://")
+    connect = connector("memory://", MemoryBroker())
+    settings = dataclasses.replace(settings, broker="memory://")
     contexts = {role: ServiceContext(settings, role) for role in SERVICE_ROLES}
-    pods = _EmbeddedPods()
+    pods = _EmbeddedPods(registry, connect)
     scaler = TaskScaler(pods.main, lambda name: dataclasses.replace(settings, name=name), loop)
     policy = orchestrator_service.default_policy(settings, min_pods=settings.experiment.pods)
 
@@ -93,17 +101,20 @@ async def _embedded(settings: Settings, monitor: Monitor) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signum, on_signal)
-    async with connect("memory://", experiment=settings.experiment.name,
-                       memory=hub) as transport:
+    async with connect(experiment=settings.experiment.name) as transport:
         watcher = asyncio.create_task(monitor.follow(transport))
         # the updater and generator subscribe before the orchestrator can stop them
         pods_done = asyncio.Event()
         services = [asyncio.create_task(_guarded(updater_service.main(
-                        contexts["updater"], pods_done=pods_done))),
-                    asyncio.create_task(_guarded(generator_service.main(contexts["generator"])))]
+                        contexts["updater"], registry=registry, connect=connect,
+                        pods_done=pods_done))),
+                    asyncio.create_task(_guarded(generator_service.main(
+                        contexts["generator"], registry=registry, strategies=strategies,
+                        connect=connect)))]
         await asyncio.sleep(0.2)
         orchestrator = asyncio.create_task(_guarded(orchestrator_service.main(
-            contexts["orchestrator"], scaler, policy=policy, remind_for_s=0.0)))
+            contexts["orchestrator"], scaler, connect=connect, policy=policy,
+            remind_for_s=0.0)))
         # the orchestrator returns once its scaler has stopped every pod (rounds published)
         orchestrator.add_done_callback(lambda _: pods_done.set())
         services.append(orchestrator)
@@ -132,27 +143,13 @@ def _budget_text(budget: Budget) -> str:
     return " or ".join(parts)
 
 
-def _service_env(settings: Settings, experiment_file: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update({
-        "PODRACER_BROKER": settings.broker,
-        "PODRACER_EXPERIMENT_FILE": str(experiment_file),
-        "PODRACER_STORE": str(settings.store),
-    })
-    if settings.device:
-        env["PODRACER_DEVICE"] = settings.device
-    if settings.torch_threads:
-        env["PODRACER_TORCH_THREADS"] = str(settings.torch_threads)
-    return env
-
-
 async def _processes(settings: Settings, monitor: Monitor, out: Path) -> int:
     experiment_file = write_experiment(settings.experiment, out / "experiment.json")
-    env = _service_env(settings, experiment_file)
+    env = {**os.environ, **settings_environment(settings, experiment_file)}
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     procs: dict[str, subprocess.Popen[bytes]] = {}
-    async with connect(settings.broker, experiment=settings.experiment.name) as transport:
+    async with connector(settings.broker)(experiment=settings.experiment.name) as transport:
         watcher = asyncio.create_task(monitor.follow(transport))
         for role in SERVICE_ROLES:
             argv = [sys.executable, "-m", "podracer", "serve", role]
@@ -197,8 +194,13 @@ def fit_to_machine(settings: Settings) -> Settings:
     return dataclasses.replace(settings, experiment=exp, torch_threads=settings.torch_threads or 1)
 
 
-def train(settings: Settings, out: Path, *, progress: bool = True) -> TrainResult:
-    """Run a tournament to its stop condition; write ``out`` (see the module doc)."""
+def train(settings: Settings, out: Path, *, progress: bool = True,
+          registry: AlgorithmRegistry | None = None,
+          strategies: SelectionRegistry | None = None) -> TrainResult:
+    """Run a tournament to its stop condition; write ``out`` (see the module doc).
+
+    ``registry`` and ``strategies`` are the algorithms and selection strategies of the
+    embedded services (default: Podracer's own); broker mode's services build theirs."""
     out.mkdir(parents=True, exist_ok=True)
     settings = dataclasses.replace(fit_to_machine(settings), store=out)
     exp = settings.experiment
@@ -211,7 +213,8 @@ def train(settings: Settings, out: Path, *, progress: bool = True) -> TrainResul
     started = time.monotonic()
     try:
         if settings.broker.startswith("memory"):
-            code = asyncio.run(_embedded(settings, monitor))
+            code = asyncio.run(_embedded(settings, monitor, registry or default_registry(),
+                                         strategies or default_strategies()))
         else:
             code = asyncio.run(_processes(settings, monitor, out))
     finally:

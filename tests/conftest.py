@@ -7,10 +7,13 @@ its own broker namespace (cleaned up afterwards); ``blob_root`` a blob directory
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pika
 import pika.exceptions
@@ -75,3 +78,25 @@ def blob_root(tmp_path: Path) -> Path:
     root = tmp_path / "blobs"
     root.mkdir()
     return root
+
+
+Wire = Callable[..., Callable[..., Any]]
+
+
+@pytest.fixture
+def wire() -> Wire:
+    """``wire(main, connect)``: a service's ``main`` with Podracer's registries and the
+    broker connection bound, as ``podracer serve`` and ``podracer train`` pass them."""
+    from agents.registry import default_registry
+    from leaderboard.selection import default_strategies
+
+    def bind(main: Callable[..., Any], connect: Any) -> Callable[..., Any]:
+        params = inspect.signature(main).parameters
+        kwargs: dict[str, Any] = {"connect": connect}
+        if "registry" in params:
+            kwargs["registry"] = default_registry()
+        if "strategies" in params:
+            kwargs["strategies"] = default_strategies()
+        return functools.partial(main, **kwargs)
+
+    return bind

@@ -186,7 +186,7 @@ def test_learners_train_every_algorithm(algorithm: str) -> None:
 
 def test_process_worker_runs_rounds_like_a_thread_and_reports_bad_jobs() -> None:
     config = RunnerConfig(eval_episodes=2, eval_every_s=None, torch_threads=1)
-    worker = ProcessWorker(default_registry, config, make_env)
+    worker = ProcessWorker(default_registry(), config, make_env)
     try:
         reports: list[Any] = []
         first = worker.run(_job(40), reports.append)

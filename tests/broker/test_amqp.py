@@ -17,9 +17,10 @@ import pytest
 from transport_helpers import make_checkpoint, make_init, next_within, wait_depth
 
 from broker.blobstore import FileBlobStore
+from broker.connect import connect
 from broker.messages import CONTENT_TYPE
 from broker.schemas import Checkpoint, Initialization
-from broker.transport import Transport, connect
+from broker.transport import Transport
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(60)]
 
@@ -35,7 +36,7 @@ async def transport(amqp_url: str, experiment: str, blob_root: Path
 CONSUMER = textwrap.dedent("""
     import asyncio, sys
     from broker.schemas import Initialization
-    from broker.transport import connect
+    from broker.connect import connect
 
     async def main() -> None:
         async with connect(sys.argv[1], experiment=sys.argv[2]) as t:

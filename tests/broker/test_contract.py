@@ -10,11 +10,12 @@ import pytest
 from transport_helpers import make_init, next_within, nothing_within, wait_depth
 
 from broker.blobstore import FileBlobStore
+from broker.connect import connect
 from broker.errors import ConfigError
 from broker.memory import MemoryBroker
 from broker.schemas import Heartbeat, Initialization, Stop
 from broker.topology import DELIVERY_LIMIT
-from broker.transport import Transport, connect, topic_matches
+from broker.transport import Transport, topic_matches
 
 Factory = Callable[[], Transport]
 pytestmark = pytest.mark.timeout(60)

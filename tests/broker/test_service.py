@@ -10,11 +10,11 @@ import signal
 import pytest
 from transport_helpers import next_within
 
+from broker.connect import connect
 from broker.errors import ConnectionClosed
 from broker.memory import MemoryBroker
 from broker.schemas import Heartbeat
 from broker.service import ServiceContext, run_service
-from broker.transport import connect
 
 pytestmark = pytest.mark.timeout(30)
 

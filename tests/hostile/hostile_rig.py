@@ -20,8 +20,9 @@ from hostile_cases import RawSender
 
 import broker.codec
 from broker.blobstore import FileBlobStore
+from broker.connect import connect
 from broker.memory import MemoryBroker
-from broker.transport import Transport, connect
+from broker.transport import Transport
 
 MAX_PEAK_BYTES = 64 * 1024 * 1024
 """Python heap a hostile batch may use at peak (its bodies total about 2.5 MiB)."""

@@ -25,14 +25,15 @@ from hostile_rig import Rig, make_rig
 from agents import pod as pod_service
 from agents.registry import default_registry
 from agents.round import build_agent
+from broker.connect import Connector, connector
 from broker.memory import MemoryBroker
 from broker.schemas import Budget, Checkpoint, Initialization, LeaderboardChanged, Stop
 from broker.service import ServiceContext
+from broker.settings import Settings, default_experiment
 from envs.registry import make_env
 from leaderboard import generator as generator_service
 from leaderboard import updater as updater_service
 from leaderboard.store import LeaderboardStore
-from podracer.settings import Settings, default_experiment
 
 pytestmark = pytest.mark.timeout(180)
 ENV = "torch/Pendulum-v1"
@@ -46,23 +47,25 @@ class Services:
 
     rig: Rig
     settings: Settings
+    connect: Connector
+    wire: Callable[..., Any]
 
-    def start(self, main: Callable[[ServiceContext[Settings]], Coroutine[Any, Any, Any]],
+    def start(self, main: Callable[..., Coroutine[Any, Any, Any]],
               name: str) -> tuple[ServiceContext[Settings], asyncio.Task[Any]]:
         ctx = ServiceContext(dataclasses.replace(self.settings, name=name), name)
-        return ctx, asyncio.create_task(main(ctx))
+        return ctx, asyncio.create_task(self.wire(main, self.connect)(ctx))
 
 
 @pytest.fixture(params=["memory", pytest.param("amqp", marks=pytest.mark.rabbitmq)])
-async def services(request: pytest.FixtureRequest, experiment: str,
-                   tmp_path: Path) -> AsyncIterator[Services]:
+async def services(request: pytest.FixtureRequest, experiment: str, tmp_path: Path,
+                   wire: Callable[..., Any]) -> AsyncIterator[Services]:
     url = "memory://" if request.param == "memory" else request.getfixturevalue("amqp_url")
     async with make_rig(url, experiment, tmp_path) as rig:
         hub = rig.hub or MemoryBroker()
         exp = default_experiment(ENV).with_overrides(
             name=experiment, eval_episodes=2, hparams={"ppo": PPO}, algos={"ppo": 1})
-        yield Services(rig, Settings(experiment=exp, broker=url, store=tmp_path, memory=hub,
-                                     device="cpu", torch_threads=1))
+        yield Services(rig, Settings(experiment=exp, broker=url, store=tmp_path, device="cpu",
+                                     torch_threads=1), connector(url, hub), wire)
 
 
 def ppo_state() -> dict[str, torch.Tensor]:

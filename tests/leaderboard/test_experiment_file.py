@@ -9,8 +9,11 @@ from typing import Any, ClassVar
 import pytest
 
 from agents.base import AlgorithmRegistry, AlgorithmSpec, SearchDim
+from agents.registry import default_registry
 from broker.errors import ConfigError
-from podracer.experiment import Experiment, load_experiment, parse_experiment
+from broker.experiment import Experiment, load_experiment, parse_experiment
+from leaderboard.checks import experiment_check
+from leaderboard.selection import default_strategies
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -75,7 +78,9 @@ def test_defaults_of_a_minimal_file() -> None:
 ])
 def test_bad_values_name_the_field(data: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        parse_experiment(data)
+        # the file's shape first, then what the registries know (strategy names)
+        parse_experiment(data, check=experiment_check(default_registry(),
+                                                      default_strategies()))
 
 
 def test_file_errors(tmp_path: Path) -> None:
@@ -113,11 +118,12 @@ class PpoConfig:
 def test_registry_checks_algorithms_and_pinned_hparams() -> None:
     spec = AlgorithmSpec("ppo", PpoConfig, lambda *a: None, True, True)  # type: ignore[arg-type]
     registry = AlgorithmRegistry({"ppo": spec})
-    exp = parse_experiment(with_(num_envs=16, hparams={"ppo": {"lr": 1e-3}}), registry=registry)
+    check = experiment_check(registry, default_strategies())
+    exp = parse_experiment(with_(num_envs=16, hparams={"ppo": {"lr": 1e-3}}), check=check)
     assert isinstance(exp, Experiment)
     with pytest.raises(ConfigError, match=r"algos\.sac: unknown algorithm 'sac'.*one of ppo"):
-        parse_experiment(with_(algos={"sac": 1}), registry=registry)
+        parse_experiment(with_(algos={"sac": 1}), check=check)
     with pytest.raises(ConfigError, match=r"hparams\.ppo\.gamma: unknown hyperparameter"):
-        parse_experiment(with_(hparams={"ppo": {"gamma": 0.9}}), registry=registry)
+        parse_experiment(with_(hparams={"ppo": {"gamma": 0.9}}), check=check)
     with pytest.raises(ConfigError, match=r"hparams\.ppo\.num_envs: expected an integer"):
-        parse_experiment(with_(hparams={"ppo": {"num_envs": "many"}}), registry=registry)
+        parse_experiment(with_(hparams={"ppo": {"num_envs": "many"}}), check=check)

@@ -10,13 +10,12 @@ import pytest
 from broker.blobstore import BlobRef
 from broker.errors import ConfigError
 from leaderboard.selection import (
-    STRATEGIES,
     Fresh,
     SelectionStrategy,
     Softmax,
     TopKUniform,
     Tournament,
-    build_selection,
+    default_strategies,
     ranked,
 )
 from leaderboard.store import Entry
@@ -38,15 +37,15 @@ def counts(strategy: object, entries: list[Entry], n: int = 3000, seed: int = 0)
     return Counter(p.id for p in picks if p is not None)
 
 
-@pytest.mark.parametrize("name", sorted(STRATEGIES))
+@pytest.mark.parametrize("name", default_strategies().names())
 def test_empty_leaderboard_gives_fresh(name: str) -> None:
-    assert isinstance(build_selection(name), SelectionStrategy)
-    assert build_selection(name).select([], random.Random(0)) is None
+    assert isinstance(default_strategies().build(name), SelectionStrategy)
+    assert default_strategies().build(name).select([], random.Random(0)) is None
 
 
-@pytest.mark.parametrize("name", sorted(STRATEGIES))
+@pytest.mark.parametrize("name", default_strategies().names())
 def test_same_seed_same_picks(name: str) -> None:
-    strategy = build_selection(name)
+    strategy = default_strategies().build(name)
     first = [strategy.select(BOARD, random.Random(3)) for _ in range(5)]
     again = [strategy.select(BOARD, random.Random(3)) for _ in range(5)]
     assert first == again
@@ -91,17 +90,17 @@ def test_tournament_size_controls_pressure() -> None:
 
 
 def test_builder_validates_names_and_params() -> None:
-    assert build_selection("tournament", {"size": 4}) == Tournament(size=4)
-    assert build_selection("softmax", {"temperature": 2}) == Softmax(temperature=2.0)
+    assert default_strategies().build("tournament", {"size": 4}) == Tournament(size=4)
+    assert default_strategies().build("softmax", {"temperature": 2}) == Softmax(temperature=2.0)
     with pytest.raises(ConfigError, match="fresh, softmax, top_k, tournament"):
-        build_selection("best")
+        default_strategies().build("best")
     with pytest.raises(ConfigError, match=r"selection\.tau.*known: temperature"):
-        build_selection("softmax", {"tau": 1.0})
+        default_strategies().build("softmax", {"tau": 1.0})
     with pytest.raises(ConfigError, match=r"selection\.size: expected int"):
-        build_selection("tournament", {"size": 2.5})
+        default_strategies().build("tournament", {"size": 2.5})
     with pytest.raises(ConfigError, match=r"selection\.temperature: must be finite and > 0"):
-        build_selection("softmax", {"temperature": 0})
+        default_strategies().build("softmax", {"temperature": 0})
     with pytest.raises(ConfigError, match=r"selection\.k: must be >= 1"):
-        build_selection("top_k", {"k": 0})
+        default_strategies().build("top_k", {"k": 0})
     with pytest.raises(ConfigError, match="known: none"):
-        build_selection("fresh", {"k": 1})
+        default_strategies().build("fresh", {"k": 1})

@@ -11,9 +11,9 @@ import random
 import pytest
 
 from broker.errors import ConfigError
+from broker.experiment import parse_experiment
 from orchestrator.policy import QueueStats, ScalingDecider, ScalingPolicy, StopCondition
 from orchestrator.probes import GpuLoad, NodeLoad
-from podracer.experiment import parse_experiment
 
 POLICY = ScalingPolicy(min_pods=0, max_pods=16, cpu_per_pod=1.0, cpu_low=50, cpu_high=85)
 

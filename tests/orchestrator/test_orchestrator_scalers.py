@@ -15,6 +15,8 @@ import docker.errors
 import pytest
 
 from broker.errors import BrokerError, ConfigError
+from broker.experiment import parse_experiment
+from broker.settings import Settings
 from orchestrator.scalers import (
     LocalProcessScaler,
     NullScaler,
@@ -22,8 +24,6 @@ from orchestrator.scalers import (
     SwarmScaler,
     build_scaler,
 )
-from podracer.experiment import parse_experiment
-from podracer.settings import Settings
 
 SLEEPER = "import time; time.sleep(60)"
 # Announces itself once its SIGTERM handler is in place, then ignores SIGTERM.

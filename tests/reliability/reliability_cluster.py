@@ -25,10 +25,10 @@ from pathlib import Path
 import pika
 import pika.exceptions
 
+from broker.experiment import Experiment
 from broker.schemas import Stop
+from broker.settings import write_experiment
 from broker.sync_client import SyncClient
-from podracer.experiment import Experiment
-from podracer.settings import write_experiment
 
 log = logging.getLogger(__name__)
 

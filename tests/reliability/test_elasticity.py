@@ -17,22 +17,24 @@ import logging
 import re
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agents import pod as pod_service
 from broker.blobstore import FileBlobStore
+from broker.connect import connector
 from broker.memory import MemoryBroker
 from broker.schemas import Budget, Initialization
 from broker.service import ServiceContext
-from broker.transport import Transport, connect
+from broker.settings import Settings, default_experiment
+from broker.transport import Transport
 from leaderboard import updater as updater_service
 from leaderboard.store import LeaderboardStore
 from orchestrator.embedded import TaskScaler
 from orchestrator.policy import ScalingPolicy
 from orchestrator.probes import FakeProbe, NodeLoad
 from orchestrator.service import Orchestrator
-from podracer.settings import Settings, default_experiment
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -65,21 +67,20 @@ class Rig:
 
 
 @pytest.fixture
-async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    hub = MemoryBroker()
+async def rig(tmp_path: Path, wire: Callable[..., Any]) -> AsyncIterator[Rig]:
+    connect = connector("memory://", MemoryBroker())
     exp = default_experiment(ENV).with_overrides(
         name="elastic", algos={"ppo": 1}, hparams={"ppo": PPO}, eval_episodes=2,
         round_budget={"seconds": ROUND_S}, pods=POLICY.max_pods, device="cpu")
-    settings = Settings(experiment=exp, broker="memory://", store=tmp_path, memory=hub,
-                        device="cpu", torch_threads=1)
+    settings = Settings(experiment=exp, broker="memory://", store=tmp_path, device="cpu",
+                        torch_threads=1)
     loop = asyncio.get_running_loop()
-    scaler = TaskScaler(pod_service.main,
+    scaler = TaskScaler(wire(pod_service.main, connect),
                         lambda name: dataclasses.replace(settings, name=name), loop, grace=60)
     updater_ctx = ServiceContext(settings, "updater")
-    updater = asyncio.create_task(updater_service.main(updater_ctx))
+    updater = asyncio.create_task(wire(updater_service.main, connect)(updater_ctx))
     probe = FakeProbe([load(10.0)])
-    async with connect("memory://", experiment=exp.name, memory=hub,
-                       blobs=FileBlobStore(tmp_path)) as transport:
+    async with connect(experiment=exp.name, blobs=FileBlobStore(tmp_path)) as transport:
         orch = Orchestrator(ServiceContext(settings, "orchestrator"), transport, scaler, probe,
                             POLICY, poll_s=0.5)
         try:

@@ -18,9 +18,9 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from broker.amqp import AmqpTransport, ssl_context_from_env
+from broker.connect import connect
 from broker.errors import BrokerError, ConfigError
 from broker.schemas import Budget, Initialization
-from broker.transport import connect
 
 pytestmark = pytest.mark.timeout(60)
 TLS_DIR = Path(os.environ.get("PODRACER_TLS_DIR", "/etc/rabbitmq/podracer-tls"))

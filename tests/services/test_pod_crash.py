@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from broker.blobstore import FileBlobStore
+from broker.connect import connect
 from broker.schemas import Budget, Checkpoint, Initialization
-from broker.transport import connect
-from podracer.settings import default_experiment, write_experiment
+from broker.settings import default_experiment, write_experiment
 
 ENV = "torch/Pendulum-v1"
 PPO = {"num_envs": 8, "rollout_steps": 16, "hidden_size": 16}

@@ -20,16 +20,18 @@ from agents import pod as pod_service
 from agents.registry import default_registry
 from agents.round import build_agent, resolve_config
 from broker.blobstore import FileBlobStore
+from broker.connect import Connector, connector
 from broker.memory import MemoryBroker
 from broker.schemas import Budget, Checkpoint, Initialization, LeaderboardChanged, Stop
 from broker.service import ServiceContext
-from broker.transport import Transport, connect
+from broker.settings import Settings, default_experiment
+from broker.transport import Transport
 from envs.registry import make_env
 from leaderboard import generator as generator_service
 from leaderboard import updater as updater_service
 from leaderboard.generator import InitializationMaker
+from leaderboard.selection import default_strategies
 from leaderboard.store import LeaderboardStore
-from podracer.settings import Settings, default_experiment
 
 pytestmark = pytest.mark.timeout(120)
 ENV = "torch/Pendulum-v1"
@@ -42,24 +44,28 @@ class Rig:
 
     transport: Transport
     settings: Settings
+    connect: Connector
+    wire: Callable[..., Any]
 
-    def service(self, main: Callable[[ServiceContext[Settings]], Awaitable[Any]],
-                name: str) -> tuple[ServiceContext[Settings], asyncio.Task[Any]]:
-        ctx = ServiceContext(dataclasses.replace(self.settings, name=name), name)
-        return ctx, asyncio.create_task(main(ctx))
+    def service(self, main: Callable[..., Awaitable[Any]], name: str,
+                settings: Settings | None = None
+                ) -> tuple[ServiceContext[Settings], asyncio.Task[Any]]:
+        ctx = ServiceContext(dataclasses.replace(settings or self.settings, name=name), name)
+        return ctx, asyncio.create_task(self.wire(main, self.connect)(ctx))
 
 
 @pytest.fixture(params=["memory", pytest.param("amqp", marks=pytest.mark.rabbitmq)])
-async def rig(request: pytest.FixtureRequest, experiment: str,
-              tmp_path: Path) -> AsyncIterator[Rig]:
+async def rig(request: pytest.FixtureRequest, experiment: str, tmp_path: Path,
+              wire: Callable[..., Any]) -> AsyncIterator[Rig]:
     url = "memory://" if request.param == "memory" else request.getfixturevalue("amqp_url")
     hub = MemoryBroker()
     exp = default_experiment(ENV).with_overrides(
         name=experiment, eval_episodes=4, hparams={"ppo": PPO}, algos={"ppo": 1})
-    settings = Settings(experiment=exp, broker=url, store=tmp_path, memory=hub, device="cpu")
-    transport = connect(url, experiment=experiment, blobs=FileBlobStore(tmp_path), memory=hub)
+    settings = Settings(experiment=exp, broker=url, store=tmp_path, device="cpu")
+    connect = connector(url, hub)
+    transport = connect(experiment=experiment, blobs=FileBlobStore(tmp_path))
     async with transport:
-        yield Rig(transport, settings)
+        yield Rig(transport, settings, connect, wire)
 
 
 def _init(rig: Rig, **changes: Any) -> Initialization:
@@ -185,7 +191,8 @@ async def test_generator_keeps_one_waiting_and_seeds_children(rig: Rig) -> None:
     # then, while that round is in flight, a branch with mutated hyperparameters
     exp = rig.settings.experiment.with_overrides(explore_p=0.0)
     with LeaderboardStore(rig.settings.store) as store:
-        maker = InitializationMaker(exp, default_registry(), store, random.Random(1))
+        maker = InitializationMaker(exp, default_registry(), default_strategies(), store,
+                                    random.Random(1))
         child = maker.make()
         branch = maker.make()
     assert child.parent_id == parent.id and child.generation == 1
@@ -213,8 +220,7 @@ async def test_control_stop_ends_every_service_with_code_zero(rig: Rig) -> None:
 async def test_pod_with_two_learners_fuses_them(rig: Rig) -> None:
     settings = dataclasses.replace(
         rig.settings, experiment=rig.settings.experiment.with_overrides(learners=2))
-    ctx = ServiceContext(dataclasses.replace(settings, name="pod-k2"), "pod-k2")
-    task = asyncio.create_task(pod_service.main(ctx))
+    ctx, task = rig.service(pod_service.main, "pod-k2", settings)
     init = _init(rig)
     await rig.transport.publish("generator", init)
     async with rig.transport.consume("updater", prefetch=1, expect=Checkpoint) as inbox:

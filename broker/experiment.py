@@ -12,22 +12,43 @@ import dataclasses
 import math
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from agents.base import AlgorithmRegistry, Scalar, config_from_hparams
 from broker.errors import ConfigError
-from broker.schemas import Budget
-from leaderboard.mutation import MutationConfig
-from leaderboard.selection import build_selection
+from broker.schemas import Budget, Scalar
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
+Check = Callable[["Experiment"], None]
+"""Validates an experiment against the program's registries; raises ``ConfigError``."""
+
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class MutationConfig:
+    """How a hyperparameter of an exploited checkpoint is explored."""
+
+    resample_p: float = 0.25
+    """Probability of drawing a search-space field afresh instead of perturbing it."""
+    perturb_factors: tuple[float, float] = (0.8, 1.25)
+    """A perturbed field is multiplied by one of these, each with probability 0.5."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.resample_p <= 1.0:
+            raise ConfigError("mutation.resample_p", f"must be in [0, 1], got {self.resample_p}")
+        if len(self.perturb_factors) != 2:
+            raise ConfigError("mutation.perturb_factors", "give exactly two factors",
+                              "e.g. [0.8, 1.25]")
+        for factor in self.perturb_factors:
+            if not (math.isfinite(factor) and factor > 0):
+                raise ConfigError("mutation.perturb_factors",
+                                  f"factors must be finite and > 0, got {factor}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +63,7 @@ class TotalBudget:
 
 @dataclasses.dataclass(frozen=True)
 class SelectionSpec:
-    """A selection strategy by name (see ``leaderboard.selection.STRATEGIES``) and params."""
+    """A selection strategy by name and its params (``leaderboard.selection`` builds it)."""
 
     name: str = "top_k"
     """``fresh``, ``top_k``, ``softmax`` or ``tournament``."""
@@ -155,8 +176,7 @@ class Experiment:
         return data
 
     def with_overrides(self, changes: Mapping[str, Any] | None = None, /,
-                       registry: AlgorithmRegistry | None = None,
-                       **fields: Any) -> Experiment:
+                       check: Check | None = None, **fields: Any) -> Experiment:
         """A copy with CLI overrides applied and validated again.
 
         Keys are top-level names (``pods=8``) or dotted paths (``{"round_budget.steps":
@@ -175,7 +195,7 @@ class Experiment:
                     raise ConfigError(key, f"{part} is not a table", "override a leaf key")
                 node = child
             node[leaf] = value
-        return parse_experiment(data, registry=registry)
+        return parse_experiment(data, check=check)
 
 
 def _drop_none(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -288,8 +308,10 @@ def _total_budget(table: _Table) -> TotalBudget:
 def _selection(table: _Table) -> SelectionSpec:
     name = table.string("name", "top_k")
     params = {k: v for k, v in table.data.items() if k != "name"}
-    table.known.extend(params)  # build_selection checks them against the strategy
-    build_selection(name, params)
+    table.known.extend(params)  # the strategy checks them (an experiment ``Check``)
+    for key, value in params.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"selection.{key}", f"expected a number, got {value!r}")
     return SelectionSpec(name=name, params=params)
 
 
@@ -358,24 +380,10 @@ def _device(value: str) -> str:
     raise ConfigError("device", f"unknown device {value!r}", "use auto, cpu, cuda or cuda:N")
 
 
-def _check_registry(exp: Experiment, registry: AlgorithmRegistry) -> None:
-    for name in exp.algos:
-        try:
-            spec = registry.get(name)
-        except ConfigError as exc:
-            raise ConfigError(f"algos.{name}", exc.problem, exc.fix) from None
-        try:
-            config_from_hparams(spec.config_cls, exp.overrides_for(name))
-        except ConfigError as exc:
-            # config_from_hparams says "hparams.lr"; the file's path is "hparams.ppo.lr".
-            field = exc.field.removeprefix("hparams").lstrip(".")
-            raise ConfigError(f"hparams.{name}.{field}".rstrip("."), exc.problem,
-                              exc.fix) from None
-
-
-def parse_experiment(data: Mapping[str, Any],
-                     registry: AlgorithmRegistry | None = None) -> Experiment:
-    """Validate TOML-shaped ``data``; with a ``registry`` also check algorithms and hparams."""
+def parse_experiment(data: Mapping[str, Any], check: Check | None = None) -> Experiment:
+    """Validate TOML-shaped ``data``; ``check`` then validates what only the program's
+    registries know (algorithm names, pinned hyperparameters, the selection strategy:
+    ``leaderboard.checks.experiment_check``)."""
     top = _Table(dict(data), "")
     name = top.string("name")
     if not _NAME.match(name):
@@ -405,12 +413,12 @@ def parse_experiment(data: Mapping[str, Any],
         learners=_learners(top.required_integer("learners", 1, 1)),
     )
     top.finish()
-    if registry is not None:
-        _check_registry(exp, registry)
+    if check is not None:
+        check(exp)
     return exp
 
 
-def load_experiment(path: str | Path, registry: AlgorithmRegistry | None = None) -> Experiment:
+def load_experiment(path: str | Path, check: Check | None = None) -> Experiment:
     """Read and validate the TOML experiment file at ``path``."""
     path = Path(path)
     try:
@@ -420,4 +428,4 @@ def load_experiment(path: str | Path, registry: AlgorithmRegistry | None = None)
         raise ConfigError("experiment", f"no such file: {path}", "check the path") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("experiment", f"{path} is not valid TOML: {exc}") from None
-    return parse_experiment(data, registry=registry)
+    return parse_experiment(data, check=check)

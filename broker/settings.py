@@ -15,11 +15,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import socket
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,8 +29,7 @@ from typing import Any
 import torch
 
 from broker.errors import ConfigError
-from broker.memory import MemoryBroker
-from podracer.experiment import Experiment, load_experiment, parse_experiment
+from broker.experiment import Experiment, load_experiment, parse_experiment
 
 DEFAULT_ENV = "torch/Pendulum-v1"
 
@@ -49,8 +50,6 @@ class Settings:
     """Overrides ``experiment.device`` for this process."""
     torch_threads: int | None = None
     """torch intra-op threads (None: torch's default)."""
-    memory: MemoryBroker | None = None
-    """The in-process hub shared by the services of one ``memory://`` process."""
 
     def instance_name(self, role: str) -> str:
         """The configured name, or ``<role>-<host>-<pid>``."""
@@ -99,10 +98,32 @@ def read_experiment(path: str | Path | None) -> Experiment:
 
 
 def write_experiment(experiment: Experiment, path: Path) -> Path:
-    """Write ``experiment`` as JSON that ``read_experiment`` reads back exactly."""
+    """Write ``experiment`` as JSON that ``read_experiment`` reads back exactly, atomically
+    (a service starting now never reads half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(experiment.to_dict(), indent=2, sort_keys=True))
+    text = json.dumps(experiment.to_dict(), indent=2, sort_keys=True)
+    fd, tmp = tempfile.mkstemp(prefix=".experiment-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return path
+
+
+def settings_environment(settings: Settings, experiment_file: Path) -> dict[str, str]:
+    """The ``PODRACER_*`` variables that give a service process these settings (the
+    inverse of ``settings_from_env``; the experiment comes from ``experiment_file``)."""
+    env = {"PODRACER_BROKER": settings.broker, "PODRACER_STORE": str(settings.store),
+           "PODRACER_EXPERIMENT_FILE": str(experiment_file)}
+    if settings.device:
+        env["PODRACER_DEVICE"] = settings.device
+    if settings.torch_threads:
+        env["PODRACER_TORCH_THREADS"] = str(settings.torch_threads)
+    return env
 
 
 def settings_from_env(environ: Mapping[str, str] | None = None, **flags: Any) -> Settings:
@@ -123,7 +144,6 @@ def settings_from_env(environ: Mapping[str, str] | None = None, **flags: Any) ->
         "name": flags.pop("name", None) or env.get("PODRACER_POD", ""),
         "device": flags.pop("device", None) or env.get("PODRACER_DEVICE") or None,
         "torch_threads": torch_threads,
-        "memory": flags.pop("memory", None),
     }
     if flags:
         raise ConfigError(next(iter(flags)), "unknown setting")

@@ -1,0 +1,58 @@
+"""Build the transport for a broker URL: ``connect(url, experiment=...)``.
+
+``amqp://`` / ``amqps://`` give ``broker.amqp.AmqpTransport`` (imported only then, so
+memory mode works without aio-pika importable); ``memory://`` gives
+``broker.memory.MemoryTransport`` on a hub shared by one process. A ``Connector`` is
+``connect`` with the URL (and hub) bound: services receive one instead of reading a
+live hub out of their settings.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from broker.blobstore import BlobStore
+from broker.errors import ConfigError
+from broker.memory import MemoryBroker, MemoryTransport
+from broker.messages import DEFAULT_INLINE_LIMIT
+from broker.transport import Transport, redact
+
+Connector = Callable[..., Transport]
+"""``connector(experiment=..., blobs=...)``: a transport of one broker."""
+
+
+def connect(
+    url: str,
+    *,
+    experiment: str,
+    blobs: BlobStore | None = None,
+    memory: MemoryBroker | None = None,
+    inline_limit: int = DEFAULT_INLINE_LIMIT,
+) -> Transport:
+    """Build the transport for ``url`` (``amqp://``, ``amqps://`` or ``memory://``).
+
+    ``blobs`` is the shared blob store for claim-checked payloads (needed when a message
+    may exceed ``inline_limit`` bytes). ``memory`` is the in-process hub that all
+    ``memory://`` transports of one test or one process share; a fresh one is made when
+    omitted. No connection is made until the first awaited call.
+    """
+    if isinstance(inline_limit, bool) or not isinstance(inline_limit, int) or inline_limit < 1:
+        raise ConfigError("inline_limit", f"must be a positive integer, got {inline_limit!r}",
+                          "use the default (4 MiB) unless the broker's max message size differs")
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme == "memory":
+        hub = memory if memory is not None else MemoryBroker()
+        return MemoryTransport(hub, experiment=experiment, blobs=blobs, inline_limit=inline_limit)
+    if scheme in ("amqp", "amqps"):
+        # imported lazily so memory mode works without aio-pika importable
+        from broker.amqp import AmqpTransport
+
+        return AmqpTransport(url, experiment=experiment, blobs=blobs, inline_limit=inline_limit)
+    raise ConfigError("url", f"unsupported broker URL {redact(url)!r}",
+                      "use amqp://user:pass@host:5672/vhost, amqps://... or memory://")
+
+
+def connector(url: str, memory: MemoryBroker | None = None) -> Connector:
+    """``connect`` bound to ``url`` (and, for ``memory://``, to the hub ``memory``)."""
+    return functools.partial(connect, url, memory=memory)
