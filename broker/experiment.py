@@ -18,6 +18,7 @@ from typing import Any
 
 from broker.errors import ConfigError
 from broker.schemas import Budget, Scalar
+from broker.toml_table import Table
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -202,83 +203,14 @@ def _drop_none(data: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if v is not None}
 
 
-class _Table:
-    """Typed reads from one TOML table that remember which keys were used."""
-
-    def __init__(self, data: Any, path: str) -> None:
-        if not isinstance(data, dict):
-            raise ConfigError(path or "experiment", f"expected a table, got {data!r}")
-        self.data: dict[str, Any] = data
-        self.path = path
-        self.known: list[str] = []
-
-    def field(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
-
-    def raw(self, key: str, default: Any = None) -> Any:
-        self.known.append(key)
-        return self.data.get(key, default)
-
-    def string(self, key: str, default: str | None = None) -> str:
-        value = self.raw(key, default)
-        if not isinstance(value, str) or not value:
-            hint = "required" if value is None else f"expected a non-empty string, got {value!r}"
-            raise ConfigError(self.field(key), hint, f'e.g. {key} = "..."')
-        return value
-
-    def integer(self, key: str, default: int | None, minimum: int) -> int | None:
-        value = self.raw(key, default)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(self.field(key), f"expected an integer, got {value!r}")
-        if value < minimum:
-            raise ConfigError(self.field(key), f"must be >= {minimum}, got {value}")
-        return value
-
-    def number(self, key: str, default: float | None, low: float = -math.inf,
-               high: float = math.inf, positive: bool = False) -> float | None:
-        value = self.raw(key, default)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(
-                value):
-            raise ConfigError(self.field(key), f"expected a finite number, got {value!r}")
-        if positive and value <= 0:
-            raise ConfigError(self.field(key), f"must be > 0, got {value}")
-        if not low <= value <= high:
-            raise ConfigError(self.field(key), f"must be in [{low}, {high}], got {value}")
-        return float(value)
-
-    def required_integer(self, key: str, default: int, minimum: int) -> int:
-        value = self.integer(key, default, minimum)
-        assert value is not None  # a non-None default never reads as None
-        return value
-
-    def required_number(self, key: str, default: float, low: float, high: float) -> float:
-        value = self.number(key, default, low, high)
-        assert value is not None
-        return value
-
-    def table(self, key: str) -> _Table:
-        return _Table(self.raw(key, {}), self.field(key))
-
-    def finish(self) -> None:
-        unknown = sorted(set(self.data) - set(self.known))
-        if unknown:
-            where = self.path or "experiment"
-            raise ConfigError(self.field(unknown[0]), f"unknown key in {where}",
-                              f"known keys: {', '.join(sorted(self.known))}")
-
-
-def _algos(table: _Table) -> dict[str, float]:
+def _algos(table: Table) -> dict[str, float]:
     table.known.extend(table.data)  # every key is an algorithm name
     if not table.data:
         raise ConfigError("algos", "give at least one algorithm", "e.g. algos = {ppo = 1}")
     return {name: _weight(table, name) for name in table.data}
 
 
-def _weight(table: _Table, name: str) -> float:
+def _weight(table: Table, name: str) -> float:
     value = table.data[name]
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ConfigError(f"algos.{name}", f"weight must be a number, got {value!r}")
@@ -288,7 +220,7 @@ def _weight(table: _Table, name: str) -> float:
     return float(value)
 
 
-def _round_budget(table: _Table) -> Budget:
+def _round_budget(table: Table) -> Budget:
     steps = table.integer("steps", None, 1)
     seconds = table.number("seconds", None, positive=True)
     table.finish()
@@ -298,14 +230,14 @@ def _round_budget(table: _Table) -> Budget:
     return Budget(steps=steps, seconds=seconds)
 
 
-def _total_budget(table: _Table) -> TotalBudget:
+def _total_budget(table: Table) -> TotalBudget:
     budget = TotalBudget(seconds=table.number("seconds", None, positive=True),
                          env_steps=table.integer("env_steps", None, 1))
     table.finish()
     return budget
 
 
-def _selection(table: _Table) -> SelectionSpec:
+def _selection(table: Table) -> SelectionSpec:
     name = table.string("name", "top_k")
     params = {k: v for k, v in table.data.items() if k != "name"}
     table.known.extend(params)  # the strategy checks them (an experiment ``Check``)
@@ -315,7 +247,7 @@ def _selection(table: _Table) -> SelectionSpec:
     return SelectionSpec(name=name, params=params)
 
 
-def _population(table: _Table) -> PopulationSpec:
+def _population(table: Table) -> PopulationSpec:
     spec = PopulationSpec(
         members=table.required_integer("members", 0, 0),
         ready_s=table.required_number("ready_s", 0.0, 0.0, math.inf),
@@ -324,7 +256,7 @@ def _population(table: _Table) -> PopulationSpec:
     return spec
 
 
-def _mutation(table: _Table) -> MutationConfig:
+def _mutation(table: Table) -> MutationConfig:
     resample_p = table.required_number("resample_p", 0.25, 0.0, 1.0)
     factors = table.raw("perturb_factors", [0.8, 1.25])
     table.finish()
@@ -339,17 +271,17 @@ def _mutation(table: _Table) -> MutationConfig:
 def _num_envs(value: Any, algos: Mapping[str, float]) -> dict[str, int]:
     if isinstance(value, int) and not isinstance(value, bool):
         value = dict.fromkeys(algos, value)
-    table = _Table(value, "num_envs")
+    table = Table(value, "num_envs")
     out = {name: table.integer(name, None, 1) for name in list(table.data)}
     _only_mixed("num_envs", out, algos)
     return {k: v for k, v in out.items() if v is not None}
 
 
-def _hparams(table: _Table, algos: Mapping[str, float]) -> dict[str, dict[str, Scalar]]:
+def _hparams(table: Table, algos: Mapping[str, float]) -> dict[str, dict[str, Scalar]]:
     out: dict[str, dict[str, Scalar]] = {}
     table.known.extend(table.data)
     for algo, raw in table.data.items():
-        sub = _Table(raw, f"hparams.{algo}")
+        sub = Table(raw, f"hparams.{algo}")
         for key, value in sub.data.items():
             if not isinstance(value, bool | int | float | str) or (
                     isinstance(value, float) and not math.isfinite(value)):
@@ -384,7 +316,7 @@ def parse_experiment(data: Mapping[str, Any], check: Check | None = None) -> Exp
     """Validate TOML-shaped ``data``; ``check`` then validates what only the program's
     registries know (algorithm names, pinned hyperparameters, the selection strategy:
     ``leaderboard.checks.experiment_check``)."""
-    top = _Table(dict(data), "")
+    top = Table(dict(data), "")
     name = top.string("name")
     if not _NAME.match(name):
         raise ConfigError("name", f"{name!r} is not a valid experiment name",

@@ -61,10 +61,11 @@ class CheckpointValidator:
         self._specs: dict[tuple[str, str], TensorSpec] = {}
         self._spaces: VecEnv | None = None
 
-    def _agent(self, algorithm: str, hparams: Mapping[str, Any],
+    def agent(self, algorithm: str, hparams: Mapping[str, Any],
                state: Mapping[str, torch.Tensor] | None = None) -> Any:
-        """A reference agent on one env copy: tensor shapes never depend on ``num_envs``,
-        and building 64 MuJoCo copies per checkpoint kept the updater seconds behind."""
+        """An agent of ``algorithm`` built on one env copy (``state`` loaded when given):
+        tensor shapes never depend on ``num_envs``, and building 64 MuJoCo copies per
+        checkpoint kept the updater seconds behind."""
         if self._spaces is None:
             self._spaces = make_env(self.env, 1, "cpu")
         return build_agent(self.registry, algorithm, {**hparams, "num_envs": 1}, self._spaces,
@@ -85,7 +86,7 @@ class CheckpointValidator:
         if key not in self._specs:
             resolve_config(self.registry, algorithm, hparams)  # names a bad field first
             self._specs[key] = {k: (tuple(v.shape), v.dtype)
-                                for k, v in self._agent(algorithm, hparams).state_dict().items()}
+                                for k, v in self.agent(algorithm, hparams).state_dict().items()}
         return self._specs[key]
 
     def _reexported(self, checkpoint: Checkpoint, fresh: TensorSpec) -> TensorSpec:
@@ -99,7 +100,7 @@ class CheckpointValidator:
         if missing:
             raise ConfigError("state", f"tensor names differ from {checkpoint.algorithm}'s: "
                               f"missing {missing[:3]}")
-        agent = self._agent(checkpoint.algorithm, checkpoint.hparams, state)
+        agent = self.agent(checkpoint.algorithm, checkpoint.hparams, state)
         spec = {k: (tuple(v.shape), v.dtype) for k, v in agent.state_dict().items()}
         extra = sorted(set(state) - set(spec))
         if extra:
@@ -144,16 +145,12 @@ class Updater:
         self.stored = 0
 
     def _reevaluated(self, checkpoint: Checkpoint) -> Checkpoint:
-        config = resolve_config(self.registry, checkpoint.algorithm, checkpoint.hparams)
-        env = make_env(checkpoint.env, config.num_envs, "cpu")
+        agent = self.validator.agent(checkpoint.algorithm, checkpoint.hparams, checkpoint.state)
         eval_env = make_env(checkpoint.env, self.experiment.eval_episodes, "cpu")
         try:
-            agent = build_agent(self.registry, checkpoint.algorithm, checkpoint.hparams, env,
-                                torch.device("cpu"), 0, checkpoint.state)
             result = evaluate(lambda obs: agent.act(obs, True), eval_env,
                               self.experiment.eval_episodes)
         finally:
-            env.close()
             eval_env.close()
         return dataclasses.replace(checkpoint, score_mean=result.mean, score_std=result.std)
 

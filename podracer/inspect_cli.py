@@ -1,8 +1,6 @@
-"""Inspection commands of ``podracer``: status, leaderboard, export, evaluate.
+"""Inspection commands of ``podracer``: leaderboard, export, evaluate (``status`` is in
+``podracer.status_cli``), and where their store is.
 
-* ``status``: the experiment's queues (depth, consumers, rates from RabbitMQ's
-  management API), dead-letter depths, the services heard on ``heartbeat.*`` during
-  ``--listen`` seconds, and the top of the leaderboard when its store exists.
 * ``leaderboard``: the top-K table, or the lineage of one checkpoint.
 * ``export``: the best checkpoint (or a top-K ensemble) as one policy file.
 * ``evaluate``: a policy file (or a stored checkpoint) scored deterministically.
@@ -16,21 +14,13 @@ create one: a missing store is a ``ConfigError`` naming ``--store``.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import base64
-import dataclasses
-import json
 import logging
 import os
-import time
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from broker.errors import ConfigError
-from broker.schemas import Heartbeat
 from leaderboard.store import DB_NAME, Entry, LeaderboardStore
 
 log = logging.getLogger(__name__)
@@ -118,7 +108,7 @@ def lineage_table(chain: Sequence[Entry]) -> str:
 # ------------------------------------------------------------------ commands
 
 
-def _positive(value: int, flag: str) -> int:
+def positive(value: int, flag: str) -> int:
     if value < 1:
         raise ConfigError(flag, f"must be >= 1, got {value}", f"e.g. {flag} 5")
     return value
@@ -138,7 +128,7 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
             if chain[-1].parent_id is not None:
                 print(f"(parent {chain[-1].parent_id[:12]} of the oldest is not in the store)")
             return 0
-        k = _positive(args.k, "-k")
+        k = positive(args.k, "-k")
         entries = store.top(k)
         print(f"leaderboard {root}: top {len(entries)} of {store.count()} checkpoint(s)")
         if entries:
@@ -150,7 +140,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     """Write the best checkpoint (or a top-K ensemble, or ``--id`` entries) to ``--out``."""
     from leaderboard.export import export_policy, resolve_entry
 
-    top = _positive(args.top, "--top")
+    top = positive(args.top, "--top")
     with open_store(store_dir(args.store, args.experiment)) as store:
         ids = [resolve_entry(store, i, "--id").id for i in args.id or []]
         path = export_policy(store, args.out, top=top, ids=ids or None)
@@ -165,7 +155,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from envs.registry import make_env
     from leaderboard.export import load_policy, policy_from_store
 
-    episodes = _positive(args.episodes, "--episodes")
+    episodes = positive(args.episodes, "--episodes")
     device = args.device or os.environ.get("PODRACER_DEVICE") or "cpu"
     if args.path and (args.store or args.id):
         raise ConfigError("PATH", "give either a policy file or --store/--id, not both",
@@ -208,167 +198,10 @@ def _check_env_spaces(policy: Any, env: Any, name: str) -> None:
                           "evaluate on an env with the same observation space")
 
 
-# ------------------------------------------------------------------ status
-
-_MANAGEMENT_PORT = 15672
-_MANAGEMENT_TIMEOUT_S = 3.0
-
-
-@dataclasses.dataclass(frozen=True)
-class QueueRates:
-    """Messages per second of one queue, from the management API."""
-
-    publish: float
-    deliver: float
-    ack: float
-
-
-def _management_base(broker: str, override: str | None) -> tuple[str, str, str, str]:
-    """``(base URL, vhost, user, password)`` of the management API of ``broker``."""
-    parts = urllib.parse.urlsplit(broker)
-    user = urllib.parse.unquote(parts.username or "guest")
-    password = urllib.parse.unquote(parts.password or "guest")
-    vhost = urllib.parse.unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
-    base = override or f"http://{parts.hostname or 'localhost'}:{_MANAGEMENT_PORT}"
-    return base.rstrip("/"), vhost, user, password
-
-
-def queue_rates(broker: str, queue: str, management: str | None = None) -> QueueRates | None:
-    """Rates of ``queue`` from ``GET /api/queues/<vhost>/<queue>``; None if unreachable.
-
-    Status must work without the management plugin, so any failure (refused, timeout,
-    401, bad JSON) only means "no rates" and is logged at debug.
-    """
-    base, vhost, user, password = _management_base(broker, management)
-    url = (f"{base}/api/queues/{urllib.parse.quote(vhost, safe='')}/"
-           f"{urllib.parse.quote(queue, safe='')}")
-    token = base64.b64encode(f"{user}:{password}".encode()).decode()
-    request = urllib.request.Request(url, headers={"Authorization": f"Basic {token}"})
-    try:
-        with urllib.request.urlopen(request, timeout=_MANAGEMENT_TIMEOUT_S) as response:
-            data = json.loads(response.read())
-    except (OSError, ValueError) as exc:  # URLError/HTTPError/timeouts are OSErrors
-        log.debug("management API %s: %s", url, exc)
-        return None
-    stats = data.get("message_stats") if isinstance(data, dict) else None
-    if not isinstance(stats, dict):
-        return QueueRates(0.0, 0.0, 0.0)  # no traffic since the queue was declared
-
-    def rate(key: str) -> float:
-        details = stats.get(f"{key}_details")
-        value = details.get("rate") if isinstance(details, dict) else None
-        return float(value) if isinstance(value, int | float) else 0.0
-
-    return QueueRates(rate("publish"), rate("deliver_get"), rate("ack"))
-
-
-def _rate(value: float) -> str:
-    return f"{value:.2f}"
-
-
-def _queue_rows(broker: str, experiment: str, management: str | None) -> tuple[str, bool]:
-    """The queue table, and whether the experiment's queues exist on the broker."""
-    from broker.sync_client import SyncClient
-    from broker.topology import WORK_QUEUES
-
-    head = ("queue", "ready", "consumers", "publish/s", "deliver/s", "ack/s")
-    rows: list[tuple[str, ...]] = []
-    found = False
-    with SyncClient(broker, experiment) as client:
-        for short in (*WORK_QUEUES, *(f"{q}.dead" for q in WORK_QUEUES)):
-            try:
-                stats = client.queue_stats(short)
-            except ConfigError:  # not declared: services never started under this name
-                rows.append((f"{client.topology.prefix}.{short}", "missing", "-", "-", "-", "-"))
-                continue
-            found = True
-            rates = queue_rates(broker, stats.name, management)
-            shown = (("n/a",) * 3 if rates is None
-                     else (_rate(rates.publish), _rate(rates.deliver), _rate(rates.ack)))
-            rows.append((stats.name, str(stats.messages), str(stats.consumers), *shown))
-    return format_table(head, rows), found
-
-
-async def listen_heartbeats(broker: str, experiment: str, seconds: float
-                            ) -> dict[str, tuple[float, Heartbeat]]:
-    """Heartbeats heard on ``heartbeat.*`` for ``seconds``: name -> (monotonic time, last)."""
-    from broker.connect import connect
-
-    beats: dict[str, tuple[float, Heartbeat]] = {}
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    transport = connect(broker, experiment=experiment)
-    try:
-        # no `async with transport`: that would declare the topology; status only reads
-        async with transport.subscribe(["heartbeat.*"]) as events:
-            iterator = aiter(events)
-            while (left := deadline - loop.time()) > 0:
-                try:
-                    event = await asyncio.wait_for(anext(iterator), left)
-                except (asyncio.TimeoutError, StopAsyncIteration):
-                    break
-                if isinstance(event, Heartbeat):
-                    beats[event.pod] = (time.monotonic(), event)
-    finally:
-        await transport.close()
-    return beats
-
-
-def _heartbeat_table(beats: dict[str, tuple[float, Heartbeat]]) -> str:
-    now = time.monotonic()
-    rows = [(name, beat.role, beat.status, f"{beat.env_steps:,}", f"{now - seen:.1f}s ago")
-            for name, (seen, beat) in sorted(beats.items(), key=lambda kv: (kv[1][1].role, kv[0]))]
-    return format_table(("name", "role", "status", "env steps", "last beat"), rows)
-
-
-def _quiet_client_logs() -> None:
-    """Silence the AMQP clients below DEBUG: pika logs every connect step at INFO and a
-    refused connection as ERROR with a traceback, which SyncClient already turns into one
-    ``ConnectionClosed`` line."""
-    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
-        logging.getLogger("pika").setLevel(logging.CRITICAL)
-        for name in ("aio_pika", "aiormq"):
-            logging.getLogger(name).setLevel(logging.WARNING)
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    """Queues, dead letters, live services and the leaderboard of one experiment."""
-    from broker.transport import redact
-
-    _quiet_client_logs()
-    broker = args.broker or os.environ.get("PODRACER_BROKER")
-    if not broker or broker.startswith("memory"):
-        raise ConfigError("--broker", "status needs a RabbitMQ broker",
-                          "pass --broker amqp://user:pass@host:5672/ or set PODRACER_BROKER")
-    if args.listen < 0:
-        raise ConfigError("--listen", f"must be >= 0, got {args.listen}", "e.g. --listen 6")
-    name = experiment_name(args.experiment)
-    print(f"experiment {name} on {redact(broker)}")
-    table, declared = _queue_rows(broker, name, args.management)
-    print(table)
-    if not declared:
-        print("(no queues: wrong experiment name, or its services have not started yet)")
-    elif args.listen > 0:
-        beats = asyncio.run(listen_heartbeats(broker, name, args.listen))
-        print(f"\nservices heard in {args.listen:g}s: {len(beats)}")
-        if beats:
-            print(_heartbeat_table(beats))
-    root = store_dir(args.store, args.experiment)
-    if (root / DB_NAME).is_file():
-        with LeaderboardStore(root) as store:
-            entries = store.top(_positive(args.k, "-k"))
-            print(f"\nleaderboard {root}: top {len(entries)} of {store.count()} checkpoint(s)")
-            if entries:
-                print(leaderboard_table(entries))
-    else:
-        print(f"\n(no leaderboard at {root})")
-    return 0
-
-
 # ------------------------------------------------------------------ parser
 
 
-def _add_place(p: argparse.ArgumentParser) -> None:
+def add_place(p: argparse.ArgumentParser) -> None:
     p.add_argument("--experiment", help="experiment file (.toml/.json) or name "
                    "(env PODRACER_EXPERIMENT_FILE)")
     p.add_argument("--store", help="run directory with the leaderboard "
@@ -376,26 +209,16 @@ def _add_place(p: argparse.ArgumentParser) -> None:
 
 
 def add_commands(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Register ``status``, ``leaderboard``, ``export`` and ``evaluate`` on ``sub``."""
-    p = sub.add_parser("status", help="queues, dead letters, live services, leaderboard")
-    _add_place(p)
-    p.add_argument("--listen", type=float, default=6.0,
-                   help="seconds to listen for heartbeats (default 6; 0 skips)")
-    p.add_argument("-k", type=int, default=5, help="leaderboard rows (default 5)")
-    p.add_argument("--management", help="management API base URL "
-                   "(default http://<broker host>:15672)")
-    add_common(p)
-    p.set_defaults(func=cmd_status)
-
+    """Register ``leaderboard``, ``export`` and ``evaluate`` on ``sub``."""
     p = sub.add_parser("leaderboard", help="top-K table or one checkpoint's lineage")
-    _add_place(p)
+    add_place(p)
     p.add_argument("-k", type=int, default=10, help="rows (default 10)")
     p.add_argument("--lineage", metavar="ID", help="show the ancestors of ID (a prefix is fine)")
     add_common(p)
     p.set_defaults(func=cmd_leaderboard)
 
     p = sub.add_parser("export", help="write the best checkpoint(s) as a policy file")
-    _add_place(p)
+    add_place(p)
     p.add_argument("--top", type=int, default=1, help="ensemble of the K best (default 1)")
     p.add_argument("--id", action="append", metavar="ID",
                    help="export this checkpoint (repeat for an ensemble; prefixes are fine)")
@@ -405,7 +228,7 @@ def add_commands(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]
 
     p = sub.add_parser("evaluate", help="score an exported policy (or a stored checkpoint)")
     p.add_argument("path", nargs="?", metavar="PATH", help="file written by `podracer export`")
-    _add_place(p)
+    add_place(p)
     p.add_argument("--id", help="with --store: this checkpoint (default: the best)")
     p.add_argument("--episodes", type=int, default=32, help="episodes (default 32)")
     p.add_argument("--env", help="evaluate on this env instead of the policy's")

@@ -18,7 +18,7 @@ import torch
 from broker.connect import connect
 from broker.schemas import Budget, Heartbeat, Initialization
 from podracer.cli import main
-from podracer.inspect_cli import queue_rates
+from podracer.status_cli import queue_rates
 
 pytestmark = pytest.mark.timeout(60)
 
