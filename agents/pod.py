@@ -9,7 +9,9 @@ with a broker confirm, and only then acks the initialization.
 A child continues its lineage: it starts with the replay rows its parent's round ended
 with when this process holds them (``agents.continuity``), explores with random
 streams of its own seed, and the envs of the previous round are reused. A round ends
-early, and is published at once, when an evaluation reaches the experiment's target;
+early, and is published at once, when an evaluation reaches the experiment's target; a
+long round also publishes its intermediate bests (``<init>.<k>``) as it goes, each
+continued by the next and the last by the round's own checkpoint;
 a round whose agent diverged before any finite evaluation is dropped (acked, not
 published: a redelivery would diverge again). So:
 
@@ -36,7 +38,7 @@ import torch
 
 from agents.base import AlgorithmRegistry
 from agents.continuity import ReplayCache, default_cache_bytes
-from agents.round import Progress, RoundResult
+from agents.round import Progress, RoundResult, Snapshot
 from agents.runner import (
     BuildError,
     ProcessWorker,
@@ -71,6 +73,64 @@ def capped(budget: Budget) -> Budget:
     return Budget(steps=budget.steps, seconds=seconds)
 
 
+class _Chain:
+    """The checkpoints of one round: its intermediate bests (``agents.round.Snapshot``),
+    each continued by the next, and the round's own, which keeps the initialization's id
+    (a redelivered round cannot add a second row; intermediate ids are ``<init>.<k>``)."""
+
+    def __init__(self, pod: Pod, init: Initialization) -> None:
+        self.pod = pod
+        self.init = init
+        self.parent_id = init.parent_id
+        self.generation = init.generation
+        self.links = 0
+        self.env_steps = 0
+        self.seconds = 0.0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _checkpoint(self, checkpoint_id: str, state: Mapping[str, torch.Tensor],
+                    score: tuple[float, float], env_steps: int, seconds: float,
+                    curve: list[tuple[float, float, int]]) -> Checkpoint:
+        init = self.init
+        checkpoint = Checkpoint(
+            experiment=init.experiment, id=checkpoint_id, init_id=init.id, pod=self.pod.ctx.name,
+            algorithm=init.algorithm, env=init.env, hparams=dict(init.hparams),
+            state={k: v.detach().cpu() for k, v in state.items()},
+            score_mean=score[0], score_std=score[1], env_steps=env_steps, wall_time=seconds,
+            parent_id=self.parent_id, generation=self.generation, curve=curve)
+        self.parent_id, self.generation = checkpoint_id, self.generation + 1
+        return checkpoint
+
+    def publish(self, snapshot: Snapshot) -> None:
+        """Publish an intermediate best (on the loop, after the ones before it)."""
+        self.links += 1
+        self.env_steps += snapshot.env_steps
+        self.seconds += snapshot.seconds
+        checkpoint = self._checkpoint(f"{self.init.id}.{self.links}", snapshot.state,
+                                      (snapshot.score_mean, snapshot.score_std),
+                                      snapshot.env_steps, snapshot.seconds, [])
+        previous = self._tasks[-1] if self._tasks else None
+        self._tasks.append(asyncio.get_running_loop().create_task(
+            self._send(checkpoint, previous)))
+
+    async def _send(self, checkpoint: Checkpoint, previous: asyncio.Task[None] | None) -> None:
+        if previous is not None:
+            await asyncio.shield(previous)
+        await self.pod.transport.publish("updater", checkpoint)
+        log.info("%s: round %s: intermediate best %.2f published", self.pod.ctx.name,
+                 self.init.id[:8], checkpoint.score_mean)
+
+    async def published(self) -> None:
+        """Wait for the intermediate bests to be confirmed (a failure raises)."""
+        await asyncio.gather(*self._tasks)
+
+    def last(self, result: RoundResult, state: Mapping[str, torch.Tensor]) -> Checkpoint:
+        """The round's own checkpoint, continuing the last intermediate one."""
+        return self._checkpoint(self.init.id, state, (result.score_mean, result.score_std),
+                                max(0, result.env_steps - self.env_steps),
+                                max(0.0, result.wall_time - self.seconds), result.curve)
+
+
 class Pod:
     """Handles initializations one by one for a running pod service."""
 
@@ -95,11 +155,15 @@ class Pod:
                         replay=self.cache.get(init.parent_id) if child else None,
                         own_rng=child, target=self.ctx.settings.experiment.target_score)
 
-    def _report(self, loop: asyncio.AbstractEventLoop) -> Callable[[Progress], None]:
+    def _report(self, loop: asyncio.AbstractEventLoop, chain: _Chain
+                ) -> Callable[[Progress], None]:
         last = -METRICS_EVERY_S
 
         def report(progress: Progress) -> None:
             nonlocal last
+            if progress.snapshot is not None:
+                # queued on the loop in order, before the round's own result arrives
+                loop.call_soon_threadsafe(chain.publish, progress.snapshot)
             if progress.seconds - last >= METRICS_EVERY_S:
                 last = progress.seconds
                 with contextlib.suppress(RuntimeError):  # loop closing: drop the report
@@ -115,6 +179,7 @@ class Pod:
         """Train one initialization and settle its delivery (see the module doc)."""
         init = delivery.message
         job = self._job(init)
+        chain = _Chain(self, init)
         self.status = f"training {init.algorithm}"
         log.info("%s: round %s (%s, generation %d, parent %s%s)", self.ctx.name, init.id[:8],
                  init.algorithm, init.generation, (init.parent_id or "fresh")[:8],
@@ -122,8 +187,9 @@ class Pod:
                  if job.replay is not None else "")
         try:
             output = await asyncio.to_thread(self.worker.run, job,
-                                             self._report(asyncio.get_running_loop()),
+                                             self._report(asyncio.get_running_loop(), chain),
                                              self.ctx.stopping.is_set)
+            await chain.published()
         except BuildError as exc:
             await delivery.reject(f"unusable initialization {init.id}: {exc}")
             return
@@ -148,23 +214,13 @@ class Pod:
         if self.ctx.stopping.is_set():
             log.info("%s: stopping; publishing the shortened round %s", self.ctx.name,
                      init.id[:8])
-        await self.transport.publish("updater", self._checkpoint(init, result, result.state))
+        await self.transport.publish("updater", chain.last(result, result.state))
         await delivery.ack()
         self.rounds += 1
         log.info("%s: round %s published: score %.2f ± %.2f, %d steps in %.1fs%s",
                  self.ctx.name, init.id[:8], result.score_mean, result.score_std,
                  result.env_steps, result.wall_time,
                  " (target reached)" if result.reached_target else "")
-
-    def _checkpoint(self, init: Initialization, result: RoundResult,
-                    state: Mapping[str, torch.Tensor]) -> Checkpoint:
-        return Checkpoint(
-            experiment=init.experiment, id=init.id, init_id=init.id, pod=self.ctx.name,
-            algorithm=init.algorithm, env=init.env, hparams=dict(init.hparams),
-            state={k: v.detach().cpu() for k, v in state.items()},
-            score_mean=result.score_mean, score_std=result.score_std,
-            env_steps=result.env_steps, wall_time=result.wall_time,
-            parent_id=init.parent_id, generation=init.generation, curve=result.curve)
 
     # ---------------------------------------------------------------- side tasks
 

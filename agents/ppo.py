@@ -172,8 +172,7 @@ class PPOAgent:
 
         # per-env episode bookkeeping; not training state (a new env starts afresh)
         self._env: VecEnv | None = None
-        self._obs: torch.Tensor | None = None
-        self._ep_return: torch.Tensor | None = None
+        self._obs = self._ep_return = torch.zeros(0, device=device)
         self._rollout: Rollout | None = None
         self._norm_cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self._last_episodes = 0.0
@@ -244,86 +243,66 @@ class PPOAgent:
         out = self.actor(self._flat(obs_norm))
         return out.argmax(-1) if self._discrete else self._to_env(out)
 
-    # ---------------------------------------------------------------- rollout
-
-    def _attach(self, env: VecEnv) -> torch.Tensor:
-        """The current observation of ``env``; a new env is reset with a seed from our RNG."""
-        if self._env is not env or self._obs is None:
-            seed = int(torch.randint(2**31 - 1, (1,), generator=self.generator,
-                                     device=self.device).item())
-            obs, _ = env.reset(seed=seed)
-            self._env, self._obs = env, obs
-            self._ep_return = torch.zeros(env.num_envs, device=self.device)
-        return self._obs
+    # --------------------------------- one iteration: collect, advantages, update
 
     @torch.no_grad()
     def explore(self, env: VecEnv, steps: int) -> Rollout:
-        """Collect ``steps`` transitions per copy into preallocated device storage.
+        """1. Collect ``steps`` transitions per copy into preallocated device storage.
 
-        The hot loop only acts, steps and stores; values, log-probabilities, episode
-        returns and the normaliser update are done once for the whole rollout after it
-        (observations are normalised with the statistics frozen at its start).
+        The loop acts, steps and stores (and, on a time-limit cut, values the final
+        observations); episode returns and the normaliser update are done once for the
+        whole rollout after it (observations are normalised with the statistics frozen
+        at its start).
         """
-        obs = self._attach(env)
+        if self._env is not env:  # a new env starts afresh, seeded from our RNG
+            seed = int(torch.randint(2**31 - 1, (1,), generator=self.generator,
+                                     device=self.device).item())
+            self._env, (self._obs, _) = env, env.reset(seed=seed)
+            self._ep_return = torch.zeros(env.num_envs, device=self.device)
         keep_raw = self.config.norm_obs
         buf = self._rollout
         if buf is None or not buf.fits(steps, env.num_envs, self._obs_shape, keep_raw):
             buf = self._rollout = Rollout(
                 steps, env.num_envs, self._obs_shape, self._raw_shape,
                 torch.long if self._discrete else torch.float32, self.device, keep_raw)
-        buf.cuts.clear()
-        std = self.log_std.exp()
+        buf.bootstrap.zero_()
+        obs, std = self._obs, self.log_std.exp()
         for t, (obs_row, raw_row, action_row, reward_row, done_row) in enumerate(buf.rows):
             if raw_row is not None:
                 raw_row.copy_(obs)
-            obs_norm = self._norm(obs, out=obs_row)
-            action = self._sample(obs_norm, std, into=action_row)
+            action = self._sample(self._norm(obs, out=obs_row), std, into=action_row)
             obs, reward, terminated, truncated, info = env.step(self._to_env(action))
             reward_row.copy_(reward)
             torch.logical_or(terminated, truncated, out=done_row)
             if bool(truncated.any()):
-                # time-limit cut: the learner bootstraps the tail from V(final_obs)
-                buf.cuts.append((t, truncated & ~terminated, self._norm(info["final_obs"])))
+                # a time limit is no termination: the cut-off tail is worth gamma * V(final)
+                final_value = self.value(self._norm(info["final_obs"]))
+                buf.bootstrap[t] = self.config.gamma * final_value * (truncated & ~terminated)
         self._obs = obs
-        self._finish(buf)
-        self.env_steps += steps * env.num_envs
-        return buf
-
-    def _finish(self, buf: Rollout) -> None:
-        """Batched after-rollout bookkeeping: episode returns and the normaliser."""
-        assert self._obs is not None and self._ep_return is not None
-        buf.next_obs.copy_(self._norm(self._obs))
+        buf.next_obs.copy_(self._norm(obs))
         total, count, self._ep_return = finished_returns(buf.rewards, buf.dones, self._ep_return)
         self._last_episodes = float(count)
         self._last_return = float(total) / self._last_episodes if count > 0 else math.nan
         if buf.raw_obs is not None:
             self.obs_rms.update(buf.raw_obs)
             self._norm_cache = None
-
-    @torch.no_grad()
-    def complete(self, buf: Rollout) -> None:
-        """Fill the rollout's values, log-probs and truncation bootstraps (see ``Rollout``)."""
-        flat_obs = buf.obs.reshape(-1, *self._obs_shape)
-        flat_actions = buf.actions.reshape(-1, *self._raw_shape)
-        buf.values.copy_(self.value(flat_obs).reshape(buf.values.shape))
-        buf.logprobs.copy_(self._logp_entropy(flat_obs, flat_actions)[0].reshape(buf.values.shape))
-        buf.last_value.copy_(self.value(buf.next_obs))
-        buf.bootstrap.zero_()
-        for t, cut, final_obs in buf.cuts:
-            buf.bootstrap[t] = self.config.gamma * self.value(final_obs) * cut
-
-    # ----------------------------------------------------------------- update
+        self.env_steps += steps * env.num_envs
+        return buf
 
     def update(self, batch: Rollout) -> dict[str, float]:
-        """PPO epochs over one rollout; returns namespaced means of the losses."""
+        """2. GAE advantages of one rollout, then 3. the PPO epochs over it; returns
+        namespaced means of the losses."""
         cfg = self.config
-        self.complete(batch)
-        with torch.no_grad():
-            advantages = gae(batch.learning_rewards(cfg.reward_scale), batch.values,
-                             batch.dones, batch.last_value, cfg.gamma, cfg.gae_lambda)
-            returns = advantages + batch.values
         b_obs = batch.obs.reshape(-1, *self._obs_shape)
-        b_actions = batch.actions.reshape(-1, *batch.actions.shape[2:])
+        b_actions = batch.actions.reshape(-1, *self._raw_shape)
+        with torch.no_grad():
+            # the networks have not changed since the rollout: value it in a few big batches
+            batch.values.copy_(self.value(b_obs).reshape(batch.values.shape))
+            batch.logprobs.copy_(self._logp_entropy(b_obs, b_actions)[0].reshape(
+                batch.logprobs.shape))
+            advantages = gae(batch.learning_rewards(cfg.reward_scale), batch.values,
+                             batch.dones, self.value(batch.next_obs), cfg.gamma, cfg.gae_lambda)
+            returns = advantages + batch.values
         b_logp, b_adv = batch.logprobs.reshape(-1), advantages.reshape(-1)
         b_ret, b_val = returns.reshape(-1), batch.values.reshape(-1)
         size = b_obs.shape[0]

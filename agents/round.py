@@ -22,7 +22,12 @@ Round semantics (documented here because the pod and the leaderboard rely on the
   snapshots (a lone agent's best checkpoint).
 * An evaluation that reaches ``target`` ends the round at once: the pod publishes,
   the leaderboard hears of the hit, and the experiment stops within one evaluation.
-* ``on_best`` hears of every new best evaluation during the round.
+* With ``snapshot_every_s``, a long round reports intermediate bests: at the first
+  evaluation at least that long after the last one reported, if it is the round's
+  best so far, a ``Snapshot`` (state, score, the steps and seconds since the last
+  snapshot) goes to ``on_progress``. The pod publishes each as a checkpoint that the
+  next one (and finally the round's own) continues, so the leaderboard hears of a long
+  round's progress while it runs.
 * ``should_stop()`` returning True (e.g. ``control.stop``) ends the round early; the
   final evaluation still runs so the work is not lost.
 * An evaluation that is not finite means the agent diverged: the round ends, and
@@ -57,6 +62,19 @@ MIN_EVAL_EVERY_S = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """An intermediate best of a long round: what its checkpoint needs."""
+
+    score_mean: float
+    score_std: float
+    state: dict[str, torch.Tensor]
+    env_steps: int
+    """Env steps since the previous snapshot (or the round's start)."""
+    seconds: float
+    """Seconds since the previous snapshot (or the round's start)."""
+
+
+@dataclasses.dataclass(frozen=True)
 class Progress:
     """A report during a round: time and steps so far, the latest eval, latest metrics."""
 
@@ -64,6 +82,8 @@ class Progress:
     env_steps: int
     score: float | None
     metrics: dict[str, float]
+    snapshot: Snapshot | None = None
+    """An intermediate best to publish (see the module doc)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,8 +189,7 @@ class _Evaluations:
 
     def __init__(self, agent: Agent, eval_env: VecEnv, episodes: int,
                  every_s: float | str | None, target: float | None,
-                 on_best: Callable[[EvalResult, dict[str, torch.Tensor], int], None] | None,
-                 auto_start_s: float | None) -> None:
+                 snapshot_every_s: float | None, auto_start_s: float | None) -> None:
         self.agent = agent
         self.eval_env = eval_env
         self.episodes = episodes
@@ -180,8 +199,11 @@ class _Evaluations:
         # "auto" evaluates within a round only to catch the target
         self.watch = not self.auto or target is not None
         self.target = target
-        self.on_best = on_best
+        self.snapshot_every_s = snapshot_every_s
+        self.snapshot: Snapshot | None = None
+        """Set by ``run`` when a snapshot is due; taken by ``take_snapshot``."""
         self.start = time.monotonic()
+        self.snapshot_at = (self.start, agent.env_steps)
         self.first_steps = agent.env_steps
         self.last = self.start
         self.best = BestSnapshot()
@@ -190,8 +212,11 @@ class _Evaluations:
         self.reached = False
 
     def due(self) -> bool:
-        return (self.watch and self.every_s is not None
-                and time.monotonic() - self.last >= self.every_s)
+        now = time.monotonic()
+        if (self.snapshot_every_s is not None
+                and now - self.snapshot_at[0] >= self.snapshot_every_s):
+            return True
+        return self.watch and self.every_s is not None and now - self.last >= self.every_s
 
     def run(self) -> EvalResult:
         began = time.monotonic()
@@ -208,9 +233,18 @@ class _Evaluations:
         elif self.best.offer(result, self.agent.state_dict, steps):
             if self.target is not None and result.mean >= self.target:
                 self.reached = True
-            if self.on_best is not None and self.best.state is not None:
-                self.on_best(result, self.best.state, steps)
+            elif (self.snapshot_every_s is not None and self.best.state is not None
+                    and self.last - self.snapshot_at[0] >= self.snapshot_every_s):
+                at, at_steps = self.snapshot_at
+                self.snapshot = Snapshot(result.mean, result.std, dict(self.best.state),
+                                         self.agent.env_steps - at_steps, self.last - at)
+                self.snapshot_at = (self.last, self.agent.env_steps)
         return result
+
+    def take_snapshot(self) -> Snapshot | None:
+        """The snapshot the last evaluation made, once."""
+        snapshot, self.snapshot = self.snapshot, None
+        return snapshot
 
     @property
     def over(self) -> bool:
@@ -229,15 +263,16 @@ def train_round(
     should_stop: Callable[[], bool] | None = None,
     eval_episodes: int = 32,
     target: float | None = None,
-    on_best: Callable[[EvalResult, dict[str, torch.Tensor], int], None] | None = None,
+    snapshot_every_s: float | None = None,
     auto_start_s: float | None = None,
 ) -> RoundResult:
     """Train ``agent`` on ``env`` until ``budget``, ``target`` or ``should_stop()``; see
-    the module doc. ``on_best(result, state, round_steps)`` hears of each new best;
-    ``auto_start_s`` is the first interval of ``eval_every_s="auto"`` (the previous
-    round's ``eval_every_s``: a continued lineage need not be evaluated at once)."""
-    evals = _Evaluations(agent, eval_env, eval_episodes, eval_every_s, target, on_best,
-                         auto_start_s)
+    the module doc. ``auto_start_s`` is the first interval of ``eval_every_s="auto"``
+    (the previous round's ``eval_every_s``: a continued lineage need not be evaluated at
+    once). ``RoundResult.env_steps``/``wall_time`` count the whole round; the part after
+    the last snapshot is that minus the snapshots' own."""
+    evals = _Evaluations(agent, eval_env, eval_episodes, eval_every_s, target,
+                         snapshot_every_s, auto_start_s)
     start = evals.start
     metrics: dict[str, float] = {}
     final: EvalResult | None = None
@@ -254,7 +289,7 @@ def train_round(
                 break
         if on_progress is not None:
             on_progress(Progress(time.monotonic() - start, agent.env_steps - evals.first_steps,
-                                 score, dict(metrics)))
+                                 score, dict(metrics), evals.take_snapshot()))
     if not evals.over:
         final = evals.run()
     assert final is not None  # the loop's last evaluation or the one just run

@@ -86,6 +86,9 @@ class RunnerConfig:
     """Evaluation cadence within a round (see ``agents.round``)."""
     torch_threads: int | None = None
     """torch intra-op threads of a process worker (a thread worker leaves them alone)."""
+    snapshot_every_s: float | None = 60.0
+    """A round this long or longer reports intermediate bests this often (the pod
+    publishes them: see ``agents.round``)."""
 
 
 def buffer_of(agent: Agent) -> ReplayBuffer | None:
@@ -147,6 +150,7 @@ class RoundRunner:
                                  eval_every_s=self.config.eval_every_s, on_progress=report,
                                  should_stop=should_stop,
                                  eval_episodes=self.config.eval_episodes, target=job.target,
+                                 snapshot_every_s=self.config.snapshot_every_s,
                                  auto_start_s=self._eval_every.get(job.env))
         except BaseException:
             for env in [*envs, eval_env]:  # mid-episode state of a failed round: rebuild
@@ -190,7 +194,8 @@ def _serve(conn: multiprocessing.connection.Connection, stop: Any,
 
     def report(progress: Progress) -> None:
         # every iteration reports; the pipe carries evaluations and one report a second
-        if progress.score is not None or progress.seconds - last[0] >= 1.0:
+        if (progress.score is not None or progress.snapshot is not None
+                or progress.seconds - last[0] >= 1.0):
             last[0] = progress.seconds
             conn.send(("progress", progress))
 

@@ -10,15 +10,20 @@ Choices worth knowing:
   raises ``PublishError``. A retry after a lost confirm may duplicate a message:
   handlers are idempotent by message id, by design.
 - A consumer the server cancels (queue deleted, leader moved, connection dropped) is
-  restored by aio-pika's robust channel. A watchdog checks every
-  ``watch_interval`` seconds that our consumer tag is live while the connection is up;
-  if it stays gone for ``cancel_grace`` seconds the iterator raises ``ConnectionClosed``
-  so the service exits and its supervisor restarts it: never a silent stall.
-- Deliveries received on a channel that has since closed are dropped (the broker
-  redelivers them); settling one logs a warning instead of raising.
-- aio-pika / aiormq exceptions are translated here, once, into ``broker.errors``.
+  restored by aio-pika's robust channel. A watchdog (``broker.amqp_inbox.watch_consumer``)
+  checks every ``watch_interval`` seconds that our consumer tag is live while the
+  connection is up; if it stays gone for ``cancel_grace`` seconds the iterator raises
+  ``ConnectionClosed`` so the service exits and its supervisor restarts it: never a
+  silent stall.
+- Deliveries and the iterators over them live in ``broker.amqp_inbox``: deliveries
+  received on a channel that has since closed are dropped (the broker redelivers them);
+  settling one logs a warning instead of raising.
+- aio-pika / aiormq exceptions (``broker.amqp_inbox.BROKER_ERRORS``) never leave this
+  module or ``broker.amqp_inbox``: they are translated into ``broker.errors`` (or, when
+  settling a delivery, logged).
 - ``amqps://`` uses TLS; ``PODRACER_TLS_CA``, ``PODRACER_TLS_CERT`` and
-  ``PODRACER_TLS_KEY`` (file paths) configure the CA bundle and a client certificate.
+  ``PODRACER_TLS_KEY`` (file paths) configure the CA bundle and a client certificate
+  (``broker.tls``).
 """
 
 from __future__ import annotations
@@ -26,13 +31,10 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-import os
-import ssl
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aio_pika
 import aiormq
@@ -43,17 +45,25 @@ from aio_pika.abc import (
     AbstractRobustExchange,
 )
 
-from broker.errors import ConfigError, ConnectionClosed, MessageError, PublishError
+from broker.amqp_inbox import (
+    BROKER_ERRORS,
+    AmqpDeliveries,
+    AmqpEvents,
+    InboxItem,
+    watch_consumer,
+)
+from broker.errors import ConfigError, ConnectionClosed, PublishError
 from broker.messages import DEFAULT_INLINE_LIMIT
 from broker.schemas import Message
+from broker.tls import ssl_context_from_env
 from broker.topology import DEAD_QUEUE_ARGS, WORK_QUEUES, Topology
 from broker.transport import (
     DEFAULT_PUBLISH_TRIES,
+    SUBSCRIBER_BACKLOG,
     Delivery,
     check_pattern,
     check_prefetch,
     check_queue,
-    decode,
     encode,
     redact,
 )
@@ -63,155 +73,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
-
-# Everything aio-pika/aiormq/the OS raise when the broker or the link misbehaves.
-_BROKER_ERRORS: tuple[type[BaseException], ...] = (
-    aiormq.exceptions.AMQPError, ConnectionError, OSError, asyncio.TimeoutError, RuntimeError,
-)
-SUBSCRIBER_BACKLOG = 10_000
-"""Events a slow subscriber's queue holds before the oldest are dropped."""
-
-_Item = AbstractIncomingMessage | BaseException | None  # None: stop iterating
-
-
-def ssl_context_from_env() -> ssl.SSLContext:
-    """TLS context from ``PODRACER_TLS_CA`` / ``_CERT`` / ``_KEY`` (all optional)."""
-    ca = os.environ.get("PODRACER_TLS_CA") or None
-    cert = os.environ.get("PODRACER_TLS_CERT") or None
-    key = os.environ.get("PODRACER_TLS_KEY") or None
-    try:
-        context = ssl.create_default_context(cafile=ca)
-    except OSError as exc:
-        raise ConfigError("PODRACER_TLS_CA", f"cannot read CA bundle {ca!r}: {exc}",
-                          "point it at a readable PEM file or unset it") from None
-    if cert:
-        try:
-            context.load_cert_chain(cert, key)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError("PODRACER_TLS_CERT", f"cannot load {cert!r}/{key!r}: {exc}",
-                              "give a PEM certificate and its key (PODRACER_TLS_KEY)") from None
-    elif key:
-        raise ConfigError("PODRACER_TLS_KEY", "set without PODRACER_TLS_CERT",
-                          "set both or neither")
-    return context
-
-
-class AmqpDelivery(Generic[M]):
-    """A delivery from RabbitMQ; settle it exactly once."""
-
-    def __init__(self, raw: AbstractIncomingMessage, message: M, queue: str) -> None:
-        self._raw = raw
-        self._message = message
-        self._queue = queue
-        self._settled = False
-
-    @property
-    def message(self) -> M:
-        """The decoded, validated message."""
-        return self._message
-
-    @property
-    def redelivered(self) -> bool:
-        """True if RabbitMQ delivered this message before."""
-        return bool(self._raw.redelivered)
-
-    async def _settle(self, what: str, action: Callable[[], Awaitable[None]]) -> None:
-        if self._settled:
-            raise RuntimeError("delivery settled twice (ack/nack/reject once per delivery)")
-        self._settled = True
-        try:
-            await action()
-        except _BROKER_ERRORS as exc:
-            # The channel died under us: the broker requeues the message by itself, and
-            # idempotent handlers make the redelivery harmless. Raising would only crash
-            # a service that can do nothing about it.
-            log.warning("%s of message %s on %s lost (%s); it will be redelivered",
-                        what, self._message.id, self._queue, exc or type(exc).__name__)
-
-    async def ack(self) -> None:
-        """Forget the message."""
-        await self._settle("ack", self._raw.ack)
-
-    async def nack(self, requeue: bool = True) -> None:
-        """Put the message back (``requeue=False``: dead-letter it)."""
-        await self._settle("nack", lambda: self._raw.nack(requeue=requeue))
-
-    async def reject(self, reason: str) -> None:
-        """Dead-letter the message and log ``reason`` once."""
-        log.warning("rejected message %s from %s: %s", self._message.id, self._queue, reason)
-        await self._settle("reject", lambda: self._raw.reject(requeue=False))
-
-
-class _Deliveries(Generic[M]):
-    """Async iterator over a consumer's inbox; cancelling a wait loses nothing."""
-
-    def __init__(self, inbox: asyncio.Queue[_Item], name: str, expect: type[M],
-                 blobs: BlobStore | None, experiment: str) -> None:
-        self._inbox = inbox
-        self._name = name
-        self._expect = expect
-        self._blobs = blobs
-        self._experiment = experiment
-        self._pending: AbstractIncomingMessage | None = None
-
-    def __aiter__(self) -> _Deliveries[M]:
-        return self
-
-    async def __anext__(self) -> Delivery[M]:
-        while True:
-            raw = self._pending or await _take(self._inbox)
-            self._pending = None
-            if raw.channel.is_closed:
-                log.debug("dropped stale delivery %r from %s (channel closed, the broker "
-                          "redelivers it)", raw.message_id, self._name)
-                continue
-            try:
-                message = await decode(raw.body, raw.content_type, blobs=self._blobs,
-                                       expect=self._expect, experiment=self._experiment)
-            except asyncio.CancelledError:
-                self._pending = raw  # not handed out yet: keep it for the next call
-                raise
-            except MessageError as exc:
-                log.warning("dead-lettered message %r from %s: %s",
-                            raw.message_id or "?", self._name, exc)
-                with suppress(*_BROKER_ERRORS):
-                    await raw.reject(requeue=False)
-                continue
-            return AmqpDelivery(raw, message, self._name)
-
-
-class _Events:
-    """Async iterator over a subscription; undecodable events are dropped (logged)."""
-
-    def __init__(self, inbox: asyncio.Queue[_Item], blobs: BlobStore | None,
-                 experiment: str) -> None:
-        self._inbox = inbox
-        self._blobs = blobs
-        self._experiment = experiment
-
-    def __aiter__(self) -> _Events:
-        return self
-
-    async def __anext__(self) -> Message:
-        while True:
-            raw = await _take(self._inbox)
-            try:
-                return await decode(raw.body, raw.content_type, blobs=self._blobs,
-                                    experiment=self._experiment)
-            except MessageError as exc:
-                log.warning("dropped event %r (%r): %s", raw.message_id or "?",
-                            raw.routing_key, exc)
-
-
-async def _take(inbox: asyncio.Queue[_Item]) -> AbstractIncomingMessage:
-    """Next raw message; ``StopAsyncIteration`` once closed, the watchdog's error if any."""
-    item = await inbox.get()
-    if item is None:
-        inbox.put_nowait(None)  # stay stopped for later calls
-        raise StopAsyncIteration
-    if isinstance(item, BaseException):
-        raise item
-    return item
 
 
 class AmqpTransport:
@@ -241,7 +102,7 @@ class AmqpTransport:
         self._channel: AbstractRobustChannel | None = None
         self._events: AbstractRobustExchange | None = None
         self._lock = asyncio.Lock()
-        self._inboxes: set[asyncio.Queue[_Item]] = set()
+        self._inboxes: set[asyncio.Queue[InboxItem]] = set()
         self._closed = False
 
     @property
@@ -262,7 +123,7 @@ class AmqpTransport:
                     self._url, ssl_context=self._ssl, reconnect_interval=self.reconnect_interval,
                     client_properties={"connection_name": f"{self._topology.prefix}.{role}"},
                 )
-            except _BROKER_ERRORS as exc:
+            except BROKER_ERRORS as exc:
                 last = exc
                 if attempt + 1 < self.publish_tries:
                     await asyncio.sleep(self.backoff * 2**attempt)
@@ -305,7 +166,7 @@ class AmqpTransport:
                 await dead.bind(dlx, routing_key=self._topology.dead_routing_key(short))
                 await channel.declare_queue(
                     self._full(short), durable=True, arguments=self._topology.queue_args(short))
-        except _BROKER_ERRORS as exc:
+        except BROKER_ERRORS as exc:
             raise ConnectionClosed(f"declare failed: {exc or type(exc).__name__}") from None
 
     def _full(self, queue: str) -> str:
@@ -350,7 +211,7 @@ class AmqpTransport:
                     await self._events.publish(
                         outgoing, routing_key, mandatory=False, timeout=self.confirm_timeout)
                 return
-            except _BROKER_ERRORS as exc:
+            except BROKER_ERRORS as exc:
                 if self._closed:
                     break
                 last = exc
@@ -373,7 +234,7 @@ class AmqpTransport:
         check_queue(queue)
         check_prefetch(prefetch)
         name = self._full(queue)
-        inbox: asyncio.Queue[_Item] = asyncio.Queue()
+        inbox: asyncio.Queue[InboxItem] = asyncio.Queue()
 
         async def on_message(raw: AbstractIncomingMessage) -> None:
             await inbox.put(raw)
@@ -386,52 +247,24 @@ class AmqpTransport:
             amqp_queue = await channel.declare_queue(
                 name, durable=True, arguments=self._queue_args(queue))
             tag = await amqp_queue.consume(on_message)
-        except _BROKER_ERRORS as exc:
+        except BROKER_ERRORS as exc:
             raise ConnectionClosed(f"cannot consume {name}: {exc or type(exc).__name__}") from None
         self._inboxes.add(inbox)
-        watchdog = asyncio.create_task(self._watch(channel, tag, name, inbox))
+        watchdog = asyncio.create_task(watch_consumer(
+            self._consume_conn, channel, tag, name, inbox,
+            interval=self.watch_interval, grace=self.cancel_grace))
         try:
-            yield _Deliveries(inbox, name, expect, self.blobs, self._topology.experiment)
+            yield AmqpDeliveries(inbox, name, expect, self.blobs, self._topology.experiment)
         finally:
             self._inboxes.discard(inbox)
             watchdog.cancel()
             with suppress(asyncio.CancelledError):
                 await watchdog
             # closing the channel returns every unsettled delivery to the queue
-            with suppress(*_BROKER_ERRORS):
+            with suppress(*BROKER_ERRORS):
                 await amqp_queue.cancel(tag)
-            with suppress(*_BROKER_ERRORS):
+            with suppress(*BROKER_ERRORS):
                 await channel.close()
-
-    async def _watch(self, channel: AbstractRobustChannel, tag: str, name: str,
-                     inbox: asyncio.Queue[_Item]) -> None:
-        """Notice a consumer the server cancelled; give up loudly if it is not restored."""
-        missing_since: float | None = None
-        conn = self._consume_conn
-        while True:
-            await asyncio.sleep(self.watch_interval)
-            if conn is None or not conn.connected.is_set() or channel.is_closed:
-                missing_since = None  # reconnecting: aio-pika restores consumers after
-                continue
-            try:
-                # no wait_for here: on 3.11 it can swallow our own cancellation
-                underlay = await channel.get_underlay_channel()
-            except _BROKER_ERRORS:
-                continue
-            if tag in cast(aiormq.Channel, underlay).consumers:
-                if missing_since is not None:
-                    log.info("consumer of %s restored", name)
-                missing_since = None
-            elif missing_since is None:
-                missing_since = time.monotonic()
-                log.warning("consumer of %s cancelled by the server; waiting for it to be "
-                            "restored", name)
-            elif time.monotonic() - missing_since > self.cancel_grace:
-                log.error("consumer of %s not restored within %.0f s; giving up",
-                          name, self.cancel_grace)
-                inbox.put_nowait(ConnectionClosed(f"consumer of {name} was cancelled by the "
-                                                  "server and could not be restored"))
-                return
 
     # ------------------------------------------------------------ events
 
@@ -439,7 +272,7 @@ class AmqpTransport:
     async def subscribe(self, patterns: Sequence[str]) -> AsyncIterator[AsyncIterator[Message]]:
         """Receive events matching ``patterns`` published from now on (best effort)."""
         checked = [check_pattern(p) for p in patterns]
-        inbox: asyncio.Queue[_Item] = asyncio.Queue()
+        inbox: asyncio.Queue[InboxItem] = asyncio.Queue()
 
         async def on_message(raw: AbstractIncomingMessage) -> None:
             await inbox.put(raw)
@@ -457,14 +290,14 @@ class AmqpTransport:
             for pattern in checked:
                 await queue.bind(events, routing_key=pattern)
             await queue.consume(on_message, no_ack=True)
-        except _BROKER_ERRORS as exc:
+        except BROKER_ERRORS as exc:
             raise ConnectionClosed(f"cannot subscribe: {exc or type(exc).__name__}") from None
         self._inboxes.add(inbox)
         try:
-            yield _Events(inbox, self.blobs, self._topology.experiment)
+            yield AmqpEvents(inbox, self.blobs, self._topology.experiment)
         finally:
             self._inboxes.discard(inbox)
-            with suppress(*_BROKER_ERRORS):
+            with suppress(*BROKER_ERRORS):
                 await channel.close()
 
     # ------------------------------------------------------------ inspection, closing
@@ -483,9 +316,9 @@ class AmqpTransport:
             except aiormq.exceptions.ChannelNotFoundEntity:
                 return 0, 0
             finally:
-                with suppress(*_BROKER_ERRORS):
+                with suppress(*BROKER_ERRORS):
                     await channel.close()
-        except _BROKER_ERRORS as exc:
+        except BROKER_ERRORS as exc:
             raise ConnectionClosed(f"queue_depth({queue}) failed: "
                                    f"{exc or type(exc).__name__}") from None
         result = found.declaration_result
@@ -500,7 +333,7 @@ class AmqpTransport:
             inbox.put_nowait(None)
         for conn in (self._consume_conn, self._publish_conn):
             if conn is not None:
-                with suppress(*_BROKER_ERRORS):
+                with suppress(*BROKER_ERRORS):
                     await conn.close()
 
     async def __aenter__(self) -> AmqpTransport:

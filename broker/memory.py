@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from broker.errors import ConnectionClosed, MessageError
 from broker.messages import DEFAULT_INLINE_LIMIT
 from broker.schemas import Message
-from broker.topology import DELIVERY_LIMIT, Topology
+from broker.topology import DELIVERY_LIMIT, WORK_QUEUES, Topology
 from broker.transport import (
+    SUBSCRIBER_BACKLOG,
     Delivery,
     check_pattern,
     check_prefetch,
@@ -41,10 +42,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
-
-SUBSCRIBER_BACKLOG = 10_000
-"""Events a slow subscriber may lag behind before the oldest are dropped."""
-
 
 @dataclasses.dataclass
 class _Envelope:
@@ -294,7 +291,7 @@ class MemoryTransport:
     async def declare(self) -> None:
         """Create the work and dead-letter queues (idempotent)."""
         self._check_open()
-        for short in ("generator", "updater"):
+        for short in WORK_QUEUES:
             self.hub.queue(self._full(short), dead=self._topology.dead(short))
             self.hub.queue(self._topology.dead(short))
 

@@ -5,6 +5,11 @@ the ``experiment`` and a creation time. ``to_wire`` turns a message into plain
 msgpack-able data (tensors stay tensors: the codec packs them as an ext type);
 ``from_wire`` validates a decoded dict field by field and raises ``SchemaError``
 naming the field, so a bad message is dead-lettered with a one-line reason.
+
+The dataclass annotations are the one statement of each message's field types: what
+``from_wire`` checks for a field follows from its annotated type (``_RULES``), so a
+field's type is written once. ``Token`` marks ids and names, which are checked more
+strictly than free text.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar, get_type_hints
 
 import torch
 
@@ -24,6 +29,8 @@ from broker.errors import SchemaError
 SCHEMA_VERSION = 1
 Scalar = float | int | bool | str
 TensorDict = dict[str, torch.Tensor]
+Token = Annotated[str, "token"]
+"""An id or name: a ``str`` that must be 1-256 printable ASCII characters, no spaces."""
 
 
 def new_id() -> str:
@@ -37,7 +44,7 @@ class Message:
 
     KIND: ClassVar[str] = "message"
     experiment: str
-    id: str = dataclasses.field(default_factory=new_id)
+    id: Token = dataclasses.field(default_factory=new_id)
     created: float = dataclasses.field(default_factory=time.time)
     schema: int = SCHEMA_VERSION
 
@@ -83,7 +90,7 @@ class Initialization(Message):
     budget: Budget
     seed: int
     state: TensorDict | None = None
-    parent_id: str | None = None
+    parent_id: Token | None = None
     generation: int = 0
 
 
@@ -92,8 +99,8 @@ class Checkpoint(Message):
     """Pod -> updater: a trained round. ``id`` is the checkpoint id."""
 
     KIND: ClassVar[str] = "checkpoint"
-    init_id: str
-    pod: str
+    init_id: Token
+    pod: Token
     algorithm: str
     env: str
     hparams: dict[str, Scalar]
@@ -102,7 +109,7 @@ class Checkpoint(Message):
     score_std: float
     env_steps: int
     wall_time: float
-    parent_id: str | None = None
+    parent_id: Token | None = None
     generation: int = 0
     # (wall seconds since round start, eval score, env steps) points of the round
     curve: list[tuple[float, float, int]] = dataclasses.field(default_factory=list)
@@ -113,10 +120,10 @@ class Heartbeat(Message):
     """Any service -> events ``heartbeat.<pod>``: I am alive, doing this."""
 
     KIND: ClassVar[str] = "heartbeat"
-    pod: str
+    pod: Token
     role: str = "pod"
     status: str = "idle"
-    init_id: str | None = None
+    init_id: Token | None = None
     env_steps: int = 0
 
 
@@ -125,9 +132,9 @@ class Metrics(Message):
     """Pod -> events ``metrics.<pod>``: namespaced training metrics."""
 
     KIND: ClassVar[str] = "metrics"
-    pod: str
+    pod: Token
     values: dict[str, float]
-    init_id: str | None = None
+    init_id: Token | None = None
     env_steps: int = 0
 
 
@@ -136,7 +143,7 @@ class LeaderboardChanged(Message):
     """Updater -> events ``leaderboard.changed``: the new top-K as (id, score) pairs."""
 
     KIND: ClassVar[str] = "leaderboard_changed"
-    best_id: str
+    best_id: Token
     best_score: float
     top: list[tuple[str, float]] = dataclasses.field(default_factory=list)
     checkpoints: int = 0
@@ -156,7 +163,7 @@ class Scale(Message):
     """Orchestrator -> events ``control.scale``: the target pod count of a node."""
 
     KIND: ClassVar[str] = "scale"
-    node: str
+    node: Token
     pods: int
 
 
@@ -165,13 +172,24 @@ class Scale(Message):
 T = TypeVar("T")
 
 
-def _get(data: Mapping[str, Any], name: str, check: Callable[[Any], bool], want: str) -> Any:
+@dataclasses.dataclass(frozen=True)
+class _Rule:
+    """How a received field of one annotated type is checked, then converted."""
+
+    check: Callable[[Any], bool]
+    want: str
+    """What ``check`` accepts, for the error message."""
+    convert: Callable[[Any], Any] = lambda value: value
+    """Wire form -> field value (lists back to tuples); applied after ``check``."""
+
+
+def _get(data: Mapping[str, Any], name: str, rule: _Rule) -> Any:
     if name not in data:
         raise SchemaError(f"{name}: missing")
     value = data[name]
-    if not check(value):
-        raise SchemaError(f"{name}: expected {want}, got {type(value).__name__}")
-    return value
+    if not rule.check(value):
+        raise SchemaError(f"{name}: expected {rule.want}, got {type(value).__name__}")
+    return rule.convert(value)
 
 
 # Ids and names end up in log lines and database keys: printable ASCII, no spaces or
@@ -229,6 +247,10 @@ def _is_curve(v: Any) -> bool:
     )
 
 
+def _to_curve(v: list[Any]) -> list[tuple[float, float, int]]:
+    return [(float(a), float(b), int(c)) for a, b, c in v]
+
+
 def _is_top(v: Any) -> bool:
     return isinstance(v, list) and all(
         isinstance(p, list | tuple) and len(p) == 2 and isinstance(p[0], str) and _is_finite(p[1])
@@ -236,75 +258,83 @@ def _is_top(v: Any) -> bool:
     )
 
 
-def _budget(data: Mapping[str, Any]) -> Budget:
-    raw = _get(data, "budget", lambda v: isinstance(v, dict), "a map {steps, seconds}")
+def _to_top(v: list[Any]) -> list[tuple[str, float]]:
+    return [(str(a), float(b)) for a, b in v]
+
+
+_RULES: dict[Any, _Rule] = {
+    str: _Rule(_is_str, "a string"),
+    Token: _Rule(_is_token, _TOKEN_WANT),
+    Token | None: _Rule(_is_opt_token, _TOKEN_WANT + " or nil"),
+    int: _Rule(_is_int, "an integer"),
+    float: _Rule(_is_finite, "a finite number"),
+    dict[str, Scalar]: _Rule(_is_scalar_map, "a map of finite scalars"),
+    dict[str, float]: _Rule(_is_float_map, "a map of finite numbers"),
+    TensorDict: _Rule(_is_tensor_map, "a map of tensors"),
+    TensorDict | None: _Rule(_is_opt_tensor_map, "a map of tensors or nil"),
+    list[tuple[float, float, int]]: _Rule(_is_curve, "a list of [seconds, score, steps]",
+                                          _to_curve),
+    list[tuple[str, float]]: _Rule(_is_top, "a list of [id, score]", _to_top),
+}
+"""The receipt check of each field type used in a message (keyed by the annotation)."""
+
+
+def _budget(data: Mapping[str, Any], name: str) -> Budget:
+    raw = _get(data, name, _Rule(lambda v: isinstance(v, dict), "a map {steps, seconds}"))
     steps, seconds = raw.get("steps"), raw.get("seconds")
     if steps is not None and not _is_int(steps):
-        raise SchemaError("budget.steps: expected an integer or nil")
+        raise SchemaError(f"{name}.steps: expected an integer or nil")
     if seconds is not None and not _is_finite(seconds):
-        raise SchemaError("budget.seconds: expected a finite number or nil")
+        raise SchemaError(f"{name}.seconds: expected a finite number or nil")
     return Budget(steps=steps, seconds=None if seconds is None else float(seconds))
 
 
-_COMMON: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "experiment": (_is_str, "a string"),
-    "id": (_is_token, _TOKEN_WANT),
-    "created": (_is_finite, "a finite number"),
-}
+# id and created have defaults for senders only: a received message without its id
+# would get a fresh one at every redelivery and defeat idempotence, so both are required.
+_REQUIRED_ON_RECEIPT = frozenset({"id", "created"})
 
-_FIELDS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
-    "initialization": {
-        "algorithm": (_is_str, "a string"),
-        "env": (_is_str, "a string"),
-        "hparams": (_is_scalar_map, "a map of finite scalars"),
-        "seed": (_is_int, "an integer"),
-        "state": (_is_opt_tensor_map, "a map of tensors or nil"),
-        "parent_id": (_is_opt_token, _TOKEN_WANT + " or nil"),
-        "generation": (_is_int, "an integer"),
-    },
-    "checkpoint": {
-        "init_id": (_is_token, _TOKEN_WANT),
-        "pod": (_is_token, _TOKEN_WANT),
-        "algorithm": (_is_str, "a string"),
-        "env": (_is_str, "a string"),
-        "hparams": (_is_scalar_map, "a map of finite scalars"),
-        "state": (_is_tensor_map, "a map of tensors"),
-        "score_mean": (_is_finite, "a finite number"),
-        "score_std": (_is_finite, "a finite number"),
-        "env_steps": (_is_int, "an integer"),
-        "wall_time": (_is_finite, "a finite number"),
-        "parent_id": (_is_opt_token, _TOKEN_WANT + " or nil"),
-        "generation": (_is_int, "an integer"),
-        "curve": (_is_curve, "a list of [seconds, score, steps]"),
-    },
-    "heartbeat": {
-        "pod": (_is_token, _TOKEN_WANT),
-        "role": (_is_str, "a string"),
-        "status": (_is_str, "a string"),
-        "init_id": (_is_opt_token, _TOKEN_WANT + " or nil"),
-        "env_steps": (_is_int, "an integer"),
-    },
-    "metrics": {
-        "pod": (_is_token, _TOKEN_WANT),
-        "values": (_is_float_map, "a map of finite numbers"),
-        "init_id": (_is_opt_token, _TOKEN_WANT + " or nil"),
-        "env_steps": (_is_int, "an integer"),
-    },
-    "leaderboard_changed": {
-        "best_id": (_is_token, _TOKEN_WANT),
-        "best_score": (_is_finite, "a finite number"),
-        "top": (_is_top, "a list of [id, score]"),
-        "checkpoints": (_is_int, "an integer"),
-        "total_env_steps": (_is_int, "an integer"),
-    },
-    "stop": {"reason": (_is_str, "a string")},
-    "scale": {"node": (_is_token, _TOKEN_WANT), "pods": (_is_int, "an integer")},
-}
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    """What ``from_wire`` checks for one message class, derived from its dataclass."""
+
+    rules: dict[str, _Rule]
+    """Fields checked by ``_RULES``, in declaration order (the first bad one is reported)."""
+    budgets: tuple[str, ...]
+    """``Budget`` fields, checked after the others."""
+    optional: frozenset[str]
+    """Fields a received message may omit (the dataclass default applies)."""
+
+
+def _spec(cls: type[Message]) -> _Spec:
+    """Derive the receipt checks of ``cls`` from its field annotations."""
+    hints = get_type_hints(cls, include_extras=True)
+    rules: dict[str, _Rule] = {}
+    budgets: list[str] = []
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if f.name == "schema":  # checked first, against SCHEMA_VERSION
+            continue
+        if hint is Budget:
+            budgets.append(f.name)
+        elif hint in _RULES:
+            rules[f.name] = _RULES[hint]
+        else:
+            raise TypeError(f"{cls.__name__}.{f.name}: no receipt check for type {hint!r}; "
+                            f"add one to broker.schemas._RULES")
+    optional = frozenset(
+        f.name for f in dataclasses.fields(cls)
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    ) - _REQUIRED_ON_RECEIPT
+    return _Spec(rules, tuple(budgets), optional)
+
 
 KINDS: dict[str, type[Message]] = {
     cls.KIND: cls
     for cls in (Initialization, Checkpoint, Heartbeat, Metrics, LeaderboardChanged, Stop, Scale)
 }
+
+_SPECS: dict[str, _Spec] = {kind: _spec(cls) for kind, cls in KINDS.items()}
 
 
 def from_wire(data: Any, *, expect: type[T] | None = None, experiment: str | None = None) -> T:
@@ -325,23 +355,14 @@ def from_wire(data: Any, *, expect: type[T] | None = None, experiment: str | Non
                           f"(this build reads {SCHEMA_VERSION})")
     if expect is not None and cls is not expect:
         raise SchemaError(f"kind: expected {getattr(expect, 'KIND', expect)}, got {kind}")
-    spec = {**_COMMON, **_FIELDS[cls.KIND]}
+    spec = _SPECS[cls.KIND]
     kwargs: dict[str, Any] = {"schema": version}
-    # id and created have defaults for senders only: a received message without its id
-    # would get a fresh one at every redelivery and defeat idempotence, so both are required
-    optional = {f.name for f in dataclasses.fields(cls)
-                if f.default is not dataclasses.MISSING
-                or f.default_factory is not dataclasses.MISSING} - set(_COMMON)
-    for name, (check, want) in spec.items():
-        if name not in data and name in optional:
+    for name, rule in spec.rules.items():
+        if name not in data and name in spec.optional:
             continue
-        kwargs[name] = _get(data, name, check, want)
-    if "budget" in {f.name for f in dataclasses.fields(cls)}:
-        kwargs["budget"] = _budget(data)
-    if "curve" in kwargs:
-        kwargs["curve"] = [(float(a), float(b), int(c)) for a, b, c in kwargs["curve"]]
-    if "top" in kwargs:
-        kwargs["top"] = [(str(a), float(b)) for a, b in kwargs["top"]]
+        kwargs[name] = _get(data, name, rule)
+    for name in spec.budgets:
+        kwargs[name] = _budget(data, name)
     if experiment is not None and kwargs["experiment"] != experiment:
         raise SchemaError(f"experiment: message is for {kwargs['experiment']!r}, "
                           f"this service serves {experiment!r}")

@@ -36,8 +36,11 @@ EXPERIMENT_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DELIVERY_LIMIT = 20
 """Redeliveries before a quorum queue dead-letters a message (poison-message guard)."""
 
-WORK_QUEUES = ("generator", "updater")
-"""Short names of the work queues; each has a dead-letter queue."""
+WORK_QUEUES: tuple[str, ...] = ("generator", "updater")
+"""Short names of the work queues (the only queues ``publish`` accepts)."""
+
+DEAD_QUEUES: tuple[str, ...] = tuple(f"{queue}.dead" for queue in WORK_QUEUES)
+"""Short names of the dead-letter queues, one per work queue (``generator.dead``)."""
 
 QUEUE_ARGS: Mapping[str, Any] = MappingProxyType(
     {"x-queue-type": "quorum", "x-delivery-limit": DELIVERY_LIMIT}

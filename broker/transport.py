@@ -17,9 +17,10 @@ Typical service code (``broker.connect.connect`` builds the transport for a URL)
 
 Contract (both transports, proven by ``tests/broker/test_contract.py``):
 
-- Work queues are ``"generator"`` and ``"updater"`` (short names; the transport adds
-  the ``podracer.<experiment>.`` namespace). Their dead-letter queues are
-  ``"generator.dead"`` and ``"updater.dead"`` (valid for ``queue_depth`` and ``consume``).
+- Work queues are ``"generator"`` and ``"updater"`` (short names, ``WORK_QUEUES`` of
+  ``broker.topology``; the transport adds the ``podracer.<experiment>.`` namespace).
+  Their dead-letter queues are ``"generator.dead"`` and ``"updater.dead"``
+  (``DEAD_QUEUES``; valid for ``queue_depth`` and ``consume``).
 - ``publish`` returns once the broker has confirmed the message (persistent). It
   retries a bounded number of times with backoff, then raises ``PublishError``.
 - ``consume`` yields :class:`Delivery` objects whose ``message`` is already decoded and
@@ -52,7 +53,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from broker.errors import ConfigError
 from broker.messages import (
@@ -61,27 +62,20 @@ from broker.messages import (
     encode_message,
 )
 from broker.schemas import Message
+from broker.topology import DEAD_QUEUES, WORK_QUEUES, Topology
 
 if TYPE_CHECKING:
     from broker.blobstore import BlobStore
-    from broker.topology import Topology
 
 M = TypeVar("M", bound=Message, covariant=True)
 T = TypeVar("T", bound=Message)
 
-QueueName = Literal["generator", "updater", "generator.dead", "updater.dead"]
-"""Short name of a queue a transport can consume from or measure."""
-
-WORK_QUEUES: tuple[str, ...] = ("generator", "updater")
-"""Queues that ``publish`` accepts."""
-
-DEAD_QUEUES: tuple[str, ...] = ("generator.dead", "updater.dead")
-"""Dead-letter queues, one per work queue."""
-
-
 DEFAULT_PUBLISH_TRIES = 8
 """How many times ``publish`` tries before it raises ``PublishError`` (backoff 0.5 s doubling,
 capped at 10 s: about 35 s in all, longer than a broker restart takes)."""
+
+SUBSCRIBER_BACKLOG = 10_000
+"""Events a slow subscriber's queue holds before the oldest are dropped."""
 
 
 class Delivery(Protocol[M]):

@@ -207,7 +207,8 @@ class Planner:
             return Plan(algorithm, None, False, "explore")
         busy = self.busy()
         kept = heads[:self.config.members]
-        idle = [h for h in kept if h.id not in busy]
+        # a head published by a round still in flight (an intermediate best) is busy too
+        idle = [h for h in kept if h.id not in busy and h.init_id not in self._issued]
         for head in idle:
             if family.since(head.id) < self.config.ready_s:
                 return Plan(algorithm, head, False, "continue (not ready yet)")

@@ -127,3 +127,22 @@ def test_a_diverged_agent_ends_its_round_without_an_assert() -> None:
     # the finite evaluation before it blew up is what the round publishes
     assert once.diverged and once.state is not None and len(once.curve) == 2
     assert once.score_mean == once.curve[0][1]
+
+
+def test_a_long_round_reports_its_intermediate_bests() -> None:
+    env, eval_env = ScriptedEnv(8), ScriptedEnv(2)
+    agent = build_agent(default_registry(), "ppo", config_to_hparams(SMALL), env, CPU, 0)
+    progress: list[Progress] = []
+    per_iteration = SMALL.num_envs * SMALL.rollout_steps
+    result = train_round(agent, env, eval_env, Budget(steps=3 * per_iteration),
+                         eval_every_s=0.0, on_progress=progress.append, eval_episodes=2,
+                         snapshot_every_s=0.0)
+    snapshots = [p.snapshot for p in progress if p.snapshot is not None]
+    # the scripted score never improves after the first evaluation: one intermediate best
+    assert len(snapshots) == 1 and snapshots[0].env_steps == per_iteration
+    assert snapshots[0].state.keys() == agent.state_dict().keys()
+    assert result.env_steps == 3 * per_iteration
+    none = train_round(agent, env, eval_env, Budget(steps=per_iteration), eval_every_s=0.0,
+                       on_progress=progress.append, eval_episodes=2)
+    assert none.env_steps == per_iteration  # without snapshot_every_s, no snapshot at all
+    assert len([p for p in progress if p.snapshot is not None]) == 1

@@ -17,8 +17,10 @@ import pytest
 import torch
 
 from agents import pod as pod_service
+from agents.continuity import ReplayCache
 from agents.registry import default_registry
 from agents.round import build_agent, resolve_config
+from agents.runner import RoundRunner, RunnerConfig, ThreadWorker
 from broker.blobstore import FileBlobStore
 from broker.connect import Connector, connector
 from broker.memory import MemoryBroker
@@ -235,3 +237,31 @@ async def test_pod_with_two_learners_fuses_them(rig: Rig) -> None:
     env.close()
     assert set(agent.state_dict()) == set(checkpoint.state)
     assert await _stop(ctx, task) == 0
+
+
+async def test_a_long_round_publishes_its_intermediate_bests_as_a_chain(rig: Rig) -> None:
+    # evaluated after every iteration; every new best is due at once (the first surely)
+    config = RunnerConfig(device="cpu", eval_episodes=2, eval_every_s=0.0,
+                          snapshot_every_s=0.0)
+    worker = ThreadWorker(RoundRunner(default_registry(), config, make_env))
+    ctx = ServiceContext(dataclasses.replace(rig.settings, name="pod-chain"), "pod-chain")
+    pod = pod_service.Pod(ctx, rig.transport, worker, ReplayCache(2**20))
+    init = _init(rig, budget=Budget(steps=3 * PPO["num_envs"] * PPO["rollout_steps"]))
+    await rig.transport.publish("generator", init)
+    async with rig.transport.consume("generator", prefetch=1, expect=Initialization) as inbox:
+        await pod.handle(await _next(inbox))
+    chain: list[Checkpoint] = []
+    async with rig.transport.consume("updater", prefetch=16, expect=Checkpoint) as inbox:
+        while not chain or chain[-1].id != init.id:
+            delivery = await _next(inbox)
+            chain.append(delivery.message)
+            await delivery.ack()
+    worker.close()
+    # intermediate bests <init>.<k>, each continuing the one before, then the round's own
+    assert len(chain) >= 2
+    assert [c.id for c in chain[:-1]] == [f"{init.id}.{k}" for k in range(1, len(chain))]
+    assert [c.parent_id for c in chain] == [None] + [c.id for c in chain[:-1]]
+    assert [c.generation for c in chain] == list(range(len(chain)))
+    assert all(c.init_id == init.id for c in chain)
+    # the segments add up to the whole round
+    assert sum(c.env_steps for c in chain) == 3 * PPO["num_envs"] * PPO["rollout_steps"]

@@ -1,0 +1,198 @@
+"""The receiving side of the RabbitMQ transport (``broker.amqp``): inboxes and deliveries.
+
+``AmqpTransport.consume``/``subscribe`` register a callback that puts every raw
+aio-pika message into an inbox (an ``asyncio.Queue``); the iterators here take from it,
+decode, and hand out :class:`AmqpDelivery` objects (work queues) or messages (events).
+
+- Deliveries received on a channel that has since closed are dropped (the broker
+  redelivers them); settling one whose channel died logs a warning instead of raising.
+- Undecodable work messages are dead-lettered, undecodable events dropped, each with
+  one warning line.
+- :func:`watch_consumer` notices a consumer the server cancelled; if aio-pika does not
+  restore it within the grace period it puts ``ConnectionClosed`` into the inbox, so the
+  iterator raises and the service exits instead of stalling silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
+from typing import TYPE_CHECKING, Generic, TypeVar, cast
+
+import aiormq
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
+
+from broker.errors import ConnectionClosed, MessageError
+from broker.schemas import Message
+from broker.transport import Delivery, decode
+
+if TYPE_CHECKING:
+    from broker.blobstore import BlobStore
+
+log = logging.getLogger(__name__)
+M = TypeVar("M", bound=Message)
+
+BROKER_ERRORS: tuple[type[BaseException], ...] = (
+    aiormq.exceptions.AMQPError, ConnectionError, OSError, asyncio.TimeoutError, RuntimeError,
+)
+"""Everything aio-pika/aiormq/the OS raise when the broker or the link misbehaves."""
+
+InboxItem = AbstractIncomingMessage | BaseException | None
+"""What an inbox holds: a raw message, the watchdog's error, or ``None`` (stop iterating)."""
+
+
+class AmqpDelivery(Generic[M]):
+    """A delivery from RabbitMQ; settle it exactly once."""
+
+    def __init__(self, raw: AbstractIncomingMessage, message: M, queue: str) -> None:
+        self._raw = raw
+        self._message = message
+        self._queue = queue
+        self._settled = False
+
+    @property
+    def message(self) -> M:
+        """The decoded, validated message."""
+        return self._message
+
+    @property
+    def redelivered(self) -> bool:
+        """True if RabbitMQ delivered this message before."""
+        return bool(self._raw.redelivered)
+
+    async def _settle(self, what: str, action: Callable[[], Awaitable[None]]) -> None:
+        if self._settled:
+            raise RuntimeError("delivery settled twice (ack/nack/reject once per delivery)")
+        self._settled = True
+        try:
+            await action()
+        except BROKER_ERRORS as exc:
+            # The channel died under us: the broker requeues the message by itself, and
+            # idempotent handlers make the redelivery harmless. Raising would only crash
+            # a service that can do nothing about it.
+            log.warning("%s of message %s on %s lost (%s); it will be redelivered",
+                        what, self._message.id, self._queue, exc or type(exc).__name__)
+
+    async def ack(self) -> None:
+        """Forget the message."""
+        await self._settle("ack", self._raw.ack)
+
+    async def nack(self, requeue: bool = True) -> None:
+        """Put the message back (``requeue=False``: dead-letter it)."""
+        await self._settle("nack", lambda: self._raw.nack(requeue=requeue))
+
+    async def reject(self, reason: str) -> None:
+        """Dead-letter the message and log ``reason`` once."""
+        log.warning("rejected message %s from %s: %s", self._message.id, self._queue, reason)
+        await self._settle("reject", lambda: self._raw.reject(requeue=False))
+
+
+class AmqpDeliveries(Generic[M]):
+    """Async iterator over a consumer's inbox; cancelling a wait loses nothing."""
+
+    def __init__(self, inbox: asyncio.Queue[InboxItem], name: str, expect: type[M],
+                 blobs: BlobStore | None, experiment: str) -> None:
+        self._inbox = inbox
+        self._name = name
+        self._expect = expect
+        self._blobs = blobs
+        self._experiment = experiment
+        self._pending: AbstractIncomingMessage | None = None
+
+    def __aiter__(self) -> AmqpDeliveries[M]:
+        return self
+
+    async def __anext__(self) -> Delivery[M]:
+        while True:
+            raw = self._pending or await take(self._inbox)
+            self._pending = None
+            if raw.channel.is_closed:
+                log.debug("dropped stale delivery %r from %s (channel closed, the broker "
+                          "redelivers it)", raw.message_id, self._name)
+                continue
+            try:
+                message = await decode(raw.body, raw.content_type, blobs=self._blobs,
+                                       expect=self._expect, experiment=self._experiment)
+            except asyncio.CancelledError:
+                self._pending = raw  # not handed out yet: keep it for the next call
+                raise
+            except MessageError as exc:
+                log.warning("dead-lettered message %r from %s: %s",
+                            raw.message_id or "?", self._name, exc)
+                with suppress(*BROKER_ERRORS):
+                    await raw.reject(requeue=False)
+                continue
+            return AmqpDelivery(raw, message, self._name)
+
+
+class AmqpEvents:
+    """Async iterator over a subscription; undecodable events are dropped (logged)."""
+
+    def __init__(self, inbox: asyncio.Queue[InboxItem], blobs: BlobStore | None,
+                 experiment: str) -> None:
+        self._inbox = inbox
+        self._blobs = blobs
+        self._experiment = experiment
+
+    def __aiter__(self) -> AmqpEvents:
+        return self
+
+    async def __anext__(self) -> Message:
+        while True:
+            raw = await take(self._inbox)
+            try:
+                return await decode(raw.body, raw.content_type, blobs=self._blobs,
+                                    experiment=self._experiment)
+            except MessageError as exc:
+                log.warning("dropped event %r (%r): %s", raw.message_id or "?",
+                            raw.routing_key, exc)
+
+
+async def take(inbox: asyncio.Queue[InboxItem]) -> AbstractIncomingMessage:
+    """Next raw message; ``StopAsyncIteration`` once closed, the watchdog's error if any."""
+    item = await inbox.get()
+    if item is None:
+        inbox.put_nowait(None)  # stay stopped for later calls
+        raise StopAsyncIteration
+    if isinstance(item, BaseException):
+        raise item
+    return item
+
+
+async def watch_consumer(
+    conn: AbstractRobustConnection | None, channel: AbstractRobustChannel, tag: str,
+    name: str, inbox: asyncio.Queue[InboxItem], *, interval: float, grace: float,
+) -> None:
+    """Notice a consumer the server cancelled; give up loudly if it is not restored.
+
+    Every ``interval`` seconds, while ``conn`` is up, check that consumer ``tag`` is live
+    on ``channel``; if it stays gone for ``grace`` seconds, put ``ConnectionClosed``
+    into ``inbox`` and return.
+    """
+    missing_since: float | None = None
+    while True:
+        await asyncio.sleep(interval)
+        if conn is None or not conn.connected.is_set() or channel.is_closed:
+            missing_since = None  # reconnecting: aio-pika restores consumers after
+            continue
+        try:
+            # no wait_for here: on 3.11 it can swallow our own cancellation
+            underlay = await channel.get_underlay_channel()
+        except BROKER_ERRORS:
+            continue
+        if tag in cast(aiormq.Channel, underlay).consumers:
+            if missing_since is not None:
+                log.info("consumer of %s restored", name)
+            missing_since = None
+        elif missing_since is None:
+            missing_since = time.monotonic()
+            log.warning("consumer of %s cancelled by the server; waiting for it to be "
+                        "restored", name)
+        elif time.monotonic() - missing_since > grace:
+            log.error("consumer of %s not restored within %.0f s; giving up", name, grace)
+            inbox.put_nowait(ConnectionClosed(f"consumer of {name} was cancelled by the "
+                                              "server and could not be restored"))
+            return
