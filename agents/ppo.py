@@ -1,13 +1,15 @@
 """Proximal Policy Optimization (clipped surrogate) on batched torch envs.
 
-Reads top to bottom like CleanRL's ``ppo_continuous_action.py``: config, networks,
-rollout, update. Continuous actions use a Gaussian with a state-independent log std,
-acting in a normalised ``[-1, 1]`` box that is rescaled to the env's bounds; discrete
-actions use a Categorical. Episodes cut by a time limit are bootstrapped:
-``gamma * V(final_obs)`` is added to the reward of every truncated (not terminated)
-step. All randomness (action noise, minibatch order, env reset seeds) comes from the
-agent's own ``torch.Generator``, whose state is part of ``state_dict``, so a restored
-agent continues bit for bit.
+Reads top to bottom like CleanRL's ``ppo_continuous_action.py``: config, networks, then
+one training iteration in order: ``explore`` collects ``rollout_steps`` per env copy,
+``update`` computes GAE advantages and returns, then runs the clipped-surrogate epochs.
+Continuous actions use a Gaussian with a state-independent log std, acting in a
+normalised ``[-1, 1]`` box rescaled to the env's bounds; discrete actions use a
+Categorical. Terminations and truncations are kept apart: an episode cut by a time limit
+is bootstrapped by adding ``gamma * V(final_obs)`` to the reward of its last step. All
+randomness (action noise, minibatch order, env reset seeds) comes from the agent's own
+``torch.Generator``, whose state is part of ``state_dict``, so a restored agent continues
+bit for bit.
 
 The defaults are tuned for massively parallel CPU/GPU envs (many copies, short
 rollouts, large minibatches) and reach -200 on the torch Pendulum-v1 in a few seconds.
@@ -127,8 +129,7 @@ class PPOAgent:
         self.device = device
         self.env_steps = 0
         self.iterations = 0
-        obs_shape = tuple(obs_space.shape or ())
-        self._obs_shape = obs_shape
+        self._obs_shape = obs_shape = tuple(obs_space.shape or ())
         self._action_shape: tuple[int, ...] = ()
         self._discrete = isinstance(action_space, gymnasium.spaces.Discrete)
         if self._discrete:
@@ -175,8 +176,7 @@ class PPOAgent:
         self._obs = self._ep_return = torch.zeros(0, device=device)
         self._rollout: Rollout | None = None
         self._norm_cache: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._last_episodes = 0.0
-        self._last_return = math.nan
+        self._episodes: dict[str, float] = {}  # metrics of the episodes the last rollout ended
 
     # ----------------------------------------------------------------- policy
 
@@ -247,18 +247,14 @@ class PPOAgent:
 
     @torch.no_grad()
     def explore(self, env: VecEnv, steps: int) -> Rollout:
-        """1. Collect ``steps`` transitions per copy into preallocated device storage.
-
-        The loop acts, steps and stores (and, on a time-limit cut, values the final
-        observations); episode returns and the normaliser update are done once for the
-        whole rollout after it (observations are normalised with the statistics frozen
-        at its start).
-        """
-        if self._env is not env:  # a new env starts afresh, seeded from our RNG
+        """1. Collect ``steps`` transitions per copy into preallocated device storage; episode
+        returns and the normaliser update are done once after the loop (observations are
+        normalised with the statistics frozen at the rollout's start)."""
+        if self._env is not env:  # a new env starts afresh, reset with a seed from our RNG
             seed = int(torch.randint(2**31 - 1, (1,), generator=self.generator,
                                      device=self.device).item())
-            self._env, (self._obs, _) = env, env.reset(seed=seed)
-            self._ep_return = torch.zeros(env.num_envs, device=self.device)
+            self._obs, _ = env.reset(seed=seed)
+            self._env, self._ep_return = env, torch.zeros(env.num_envs, device=self.device)
         keep_raw = self.config.norm_obs
         buf = self._rollout
         if buf is None or not buf.fits(steps, env.num_envs, self._obs_shape, keep_raw):
@@ -281,8 +277,9 @@ class PPOAgent:
         self._obs = obs
         buf.next_obs.copy_(self._norm(obs))
         total, count, self._ep_return = finished_returns(buf.rewards, buf.dones, self._ep_return)
-        self._last_episodes = float(count)
-        self._last_return = float(total) / self._last_episodes if count > 0 else math.nan
+        episodes = float(count)
+        self._episodes = {"rollout/episode_return": float(total) / episodes} if count > 0 else {}
+        self._episodes["rollout/episodes"] = episodes
         if buf.raw_obs is not None:
             self.obs_rms.update(buf.raw_obs)
             self._norm_cache = None
@@ -296,15 +293,13 @@ class PPOAgent:
         b_obs = batch.obs.reshape(-1, *self._obs_shape)
         b_actions = batch.actions.reshape(-1, *self._raw_shape)
         with torch.no_grad():
-            # the networks have not changed since the rollout: value it in a few big batches
-            batch.values.copy_(self.value(b_obs).reshape(batch.values.shape))
-            batch.logprobs.copy_(self._logp_entropy(b_obs, b_actions)[0].reshape(
-                batch.logprobs.shape))
+            # 2. advantages (values in one batch: the networks have not changed since the rollout)
+            b_val = batch.values.view(-1).copy_(self.value(b_obs))
+            b_logp = batch.logprobs.view(-1).copy_(self._logp_entropy(b_obs, b_actions)[0])
             advantages = gae(batch.learning_rewards(cfg.reward_scale), batch.values,
                              batch.dones, self.value(batch.next_obs), cfg.gamma, cfg.gae_lambda)
-            returns = advantages + batch.values
-        b_logp, b_adv = batch.logprobs.reshape(-1), advantages.reshape(-1)
-        b_ret, b_val = returns.reshape(-1), batch.values.reshape(-1)
+            b_adv, b_ret = advantages.reshape(-1), (advantages + batch.values).reshape(-1)
+        # 3. update epochs: clipped surrogate, value loss and entropy bonus per minibatch
         size = b_obs.shape[0]
         mb_size = size // cfg.num_minibatches
         sums = torch.zeros(5, device=self.device)
@@ -340,12 +335,9 @@ class PPOAgent:
                 "losses/explained_variance": explained}
 
     def train_iteration(self, env: VecEnv) -> dict[str, float]:
-        """One rollout of ``config.rollout_steps`` per copy, then its PPO epochs."""
-        metrics = self.update(self.explore(env, self.config.rollout_steps))
-        if self._last_episodes > 0:
-            metrics["rollout/episode_return"] = self._last_return
-        metrics["rollout/episodes"] = self._last_episodes
-        return metrics
+        """One rollout of ``config.rollout_steps`` per copy, then its advantages and epochs."""
+        batch = self.explore(env, self.config.rollout_steps)
+        return {**self.update(batch), **self._episodes}
 
     # ------------------------------------------------------------------ state
 

@@ -68,18 +68,16 @@ def finished_returns(
 
 
 class Rollout:
-    """A preallocated ``[T, N, ...]`` rollout; the agent writes row ``t`` with ``put``.
+    """A preallocated ``[T, N, ...]`` rollout; the collecting loop writes row ``t`` in place
+    through the views in ``rows``.
 
-    The worker's loop writes only what the env and the policy produce: ``obs`` (as the
-    policy saw them, normalised), ``raw_obs`` (the env's, kept only when a normaliser
-    needs them), ``actions``, ``rewards``, ``dones`` (terminated or
-    truncated), ``next_obs`` (after the last row) and ``cuts`` (for each step where
-    copies were truncated: the step, the mask of truncated-not-terminated copies and
-    their normalised final observations). The learner fills
-    ``logprobs``, ``values``, ``last_value`` and ``bootstrap`` (``gamma * V(final_obs)``
-    owed to truncated steps) in a few big batches before its first gradient step: the
-    networks have not changed since the rollout, so that equals computing them step by
-    step, at a fraction of the cost.
+    Collection writes what the env and the policy produce: ``obs`` (as the policy saw
+    them, normalised), ``raw_obs`` (the env's, kept only when a normaliser needs them),
+    ``actions``, ``rewards``, ``dones`` (terminated or truncated), ``bootstrap``
+    (``gamma * V(final_obs)`` owed to truncated but not terminated steps, else 0) and
+    ``next_obs`` (after the last row). The update fills ``values`` and ``logprobs`` in
+    one batch before its first gradient step: the networks have not changed since the
+    rollout, so that equals computing them step by step, at a fraction of the cost.
     """
 
     def __init__(
@@ -101,9 +99,7 @@ class Rollout:
         self.bootstrap = torch.zeros(shape, device=device)
         self.logprobs = torch.zeros(shape, device=device)
         self.values = torch.zeros(shape, device=device)
-        self.last_value = torch.zeros(num_envs, device=device)
         self.next_obs = torch.zeros(num_envs, *obs_shape, device=device)
-        self.cuts: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         # per-step row views made once: indexing a tensor costs more than the copy itself
         raw_rows = list(self.raw_obs) if self.raw_obs is not None else [None] * steps
         self.rows: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor,

@@ -37,7 +37,6 @@ def test_ppo_bootstraps_truncation_but_not_termination() -> None:
     agent = PPOAgent(env.single_observation_space, env.single_action_space, config,
                      torch.device("cpu"), seed=0)
     rollout = agent.explore(env, 3)
-    agent.complete(rollout)
 
     @torch.no_grad()
     def v(obs: list[float]) -> float:
@@ -55,9 +54,12 @@ def test_ppo_bootstraps_truncation_but_not_termination() -> None:
     # a step that ends nothing keeps its reward
     assert not rollout.dones[0, 1] and float(learn[0, 1]) == 1.0
     assert agent.env_steps == 12
-    # values and log-probs, filled after the loop, match the policy step by step
+    # values, filled by the update in one batch before its first step, match the policy
+    # step by step
     with torch.no_grad():
-        torch.testing.assert_close(rollout.values[1], agent.value(rollout.obs[1]))
+        step_values = agent.value(rollout.obs[1])
+    agent.update(rollout)
+    torch.testing.assert_close(rollout.values[1], step_values)
 
 
 def test_finished_returns_matches_a_step_by_step_count() -> None:
