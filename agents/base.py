@@ -21,9 +21,8 @@ import gymnasium
 import torch
 
 from broker.errors import ConfigError
+from broker.schemas import Scalar
 from envs.base import VecEnv
-
-Scalar = float | int | bool | str
 
 
 @dataclasses.dataclass(frozen=True)

@@ -220,7 +220,7 @@ def _is_finite(v: Any) -> bool:
 
 def _is_scalar_map(v: Any) -> bool:
     return isinstance(v, dict) and all(
-        isinstance(k, str) and isinstance(x, bool | int | float | str)
+        isinstance(k, str) and isinstance(x, Scalar)
         and not (isinstance(x, float) and not math.isfinite(x))
         for k, x in v.items()
     )

@@ -31,7 +31,8 @@ from broker import codec
 from broker.errors import BrokerError, ConfigError, ConnectionClosed, PublishError
 from broker.messages import CLAIM_CONTENT_TYPE, encode_message
 from broker.schemas import Scale, Stop
-from broker.topology import WORK_QUEUES, Topology
+from broker.tls import ssl_context_from_env
+from broker.topology import DEAD_QUEUES, WORK_QUEUES, Topology
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +92,6 @@ class SyncClient:
                               "use amqp://user:password@host:5672/vhost") from None
         if url.startswith("amqps://"):
             # Same TLS settings (PODRACER_TLS_CA/_CERT/_KEY) as the asyncio transport.
-            from broker.amqp import ssl_context_from_env
-
             self._params.ssl_options = pika.SSLOptions(ssl_context_from_env(), self._params.host)
         self._params.socket_timeout = timeout
         self._params.blocked_connection_timeout = timeout
@@ -128,7 +127,7 @@ class SyncClient:
 
     def stats(self) -> list[QueueStats]:
         """Stats of the work queues and their dead-letter queues."""
-        names = [*WORK_QUEUES, *(f"{q}.dead" for q in WORK_QUEUES)]
+        names = [*WORK_QUEUES, *DEAD_QUEUES]
         return [self.queue_stats(name) for name in names]
 
     def peek_dead(self, queue: str, n: int = 10) -> list[DeadLetter]:
@@ -213,10 +212,10 @@ class SyncClient:
         short = name.removeprefix(prefix)
         if short in WORK_QUEUES:
             return prefix + short
-        if short.removesuffix(".dead") in WORK_QUEUES:
+        if short in DEAD_QUEUES:
             return self.topology.dead(short.removesuffix(".dead"))
-        raise ConfigError("queue", f"unknown queue {name!r}",
-                          "use generator, updater, generator.dead or updater.dead")
+        *names, last = (*WORK_QUEUES, *DEAD_QUEUES)
+        raise ConfigError("queue", f"unknown queue {name!r}", f"use {', '.join(names)} or {last}")
 
     def _channel(self) -> BlockingChannel:
         if self._connection is None or not self._connection.is_open:
