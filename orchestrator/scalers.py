@@ -2,12 +2,16 @@
 nothing (pods managed outside); ``build_scaler`` picks one for ``podracer serve
 orchestrator``.
 
-Every method is synchronous and quick (no call blocks for a pod's grace period except
-``close``); an asyncio service calls them through ``asyncio.to_thread``.
+Every ``Scaler`` method is a coroutine awaited on the orchestrator's event loop, and none
+blocks that loop (its heartbeats and event subscriptions run there too): the blocking
+work (starting a process, waiting for a killed one, Docker API calls) runs in a worker
+thread through ``asyncio.to_thread``. Every method returns quickly except ``close``,
+which waits up to a pod's grace period.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -29,21 +33,25 @@ log = logging.getLogger(__name__)
 
 @runtime_checkable
 class Scaler(Protocol):
-    """Runs some number of pods and keeps them running."""
+    """Runs some number of pods and keeps them running.
 
-    def current(self) -> int:
+    Every method is awaited on the event loop and must not block it; a scaler is driven
+    by one task at a time (the orchestrator's poll loop), never concurrently.
+    """
+
+    async def current(self) -> int:
         """Pods this scaler runs (or is about to restart)."""
         ...
 
-    def scale_to(self, n: int) -> None:
+    async def scale_to(self, n: int) -> None:
         """Run ``n`` pods: start new ones or ask surplus ones to stop."""
         ...
 
-    def reap(self) -> int:
+    async def reap(self) -> int:
         """Collect exited pods and restart crashed ones; return how many were restarted."""
         ...
 
-    def close(self) -> None:
+    async def close(self) -> None:
         """Stop every pod and release resources (idempotent)."""
         ...
 
@@ -81,8 +89,10 @@ class LocalProcessScaler:
     restarted. Surplus pods get SIGTERM, so the pod finishes its round or returns its
     initialization to the queue, and SIGKILL (whole process group) after ``grace``.
     Pods run in their own session: a Ctrl-C on the terminal reaches only the
-    orchestrator, which then stops them gracefully through ``close``. Not thread-safe:
-    drive it from one thread (the orchestrator's poll loop).
+    orchestrator, which then stops them gracefully through ``close``. Starting a process
+    and waiting for a killed one happen in a worker thread; everything else (``poll``,
+    signals) is non-blocking and runs on the loop. Drive it from one task (the
+    orchestrator's poll loop).
     """
 
     def __init__(self, command: Sequence[str], env: Mapping[str, str] | None = None, *,
@@ -109,8 +119,21 @@ class LocalProcessScaler:
         self._slots: list[_Slot] = []
         self._stopping: list[_Stopping] = []
         self._serial = 0
+        self._spawning: set[asyncio.Task[None]] = set()
 
-    def _spawn(self, slot: _Slot) -> None:
+    async def _spawn(self, slot: _Slot) -> None:
+        """Start ``slot``'s process in a worker thread.
+
+        The start is shielded and tracked: if the caller is cancelled meanwhile, the
+        process still lands on its slot, and ``close`` waits for it before stopping pods.
+        """
+        spawn = asyncio.ensure_future(asyncio.to_thread(self._popen, slot))
+        self._spawning.add(spawn)
+        spawn.add_done_callback(self._spawning.discard)
+        await asyncio.shield(spawn)
+
+    def _popen(self, slot: _Slot) -> None:
+        """Blocking (fork and exec, log file): runs in a worker thread."""
         env = {**os.environ, **self.env, "PODRACER_POD": slot.name}
         out: IO[bytes] | None = None
         if self.log_dir is not None:
@@ -129,17 +152,22 @@ class LocalProcessScaler:
         slot.started = self._clock()
         log.info("started %s (pid %d)", slot.name, slot.process.pid)
 
-    def _new_slot(self) -> _Slot:
+    async def _new_slot(self) -> None:
         self._serial += 1
         slot = _Slot(serial=self._serial, name=f"{self.name_prefix}-{self._serial}")
-        self._spawn(slot)
-        return slot
+        # Listed before its process starts, so a cancelled caller cannot orphan the pod.
+        self._slots.append(slot)
+        try:
+            await self._spawn(slot)
+        except ConfigError:
+            self._slots.remove(slot)
+            raise
 
     def pids(self) -> list[int]:
         """Process ids of the running pods (not the ones stopping)."""
         return [s.process.pid for s in self._slots if s.process is not None]
 
-    def current(self) -> int:
+    async def current(self) -> int:
         """Pods running or waiting for a restart (stopping ones do not count)."""
         return len(self._slots)
 
@@ -147,12 +175,12 @@ class LocalProcessScaler:
         """Pods asked to stop that have not exited yet."""
         return len(self._stopping)
 
-    def scale_to(self, n: int) -> None:
+    async def scale_to(self, n: int) -> None:
         """Start pods up to ``n`` or SIGTERM the newest surplus ones (without waiting)."""
         if n < 0:
             raise ConfigError("pods", f"must be >= 0, got {n}")
         while len(self._slots) < n:
-            self._slots.append(self._new_slot())
+            await self._new_slot()
         # Drop slots waiting for a restart first (they cost nothing), then the newest.
         self._slots.sort(key=lambda s: s.process is not None)
         while len(self._slots) > n:
@@ -164,7 +192,7 @@ class LocalProcessScaler:
                 log.info("stopping %s (SIGTERM, grace %.0f s)", slot.name, self.grace)
         self._slots.sort(key=lambda s: s.serial)
 
-    def _reap_stopping(self) -> None:
+    async def _reap_stopping(self) -> None:
         now = self._clock()
         still: list[_Stopping] = []
         for item in self._stopping:
@@ -173,14 +201,14 @@ class LocalProcessScaler:
                 log.info("%s stopped (exit %d)", item.name, code)
             elif now >= item.deadline:
                 log.warning("%s ignored SIGTERM for %.0f s; killing it", item.name, self.grace)
-                _kill_group(item.process)
+                await asyncio.to_thread(_kill_group, item.process)
             else:
                 still.append(item)
         self._stopping = still
 
-    def reap(self) -> int:
-        """Collect exits; restart crashed pods whose backoff has passed. Never blocks long."""
-        self._reap_stopping()
+    async def reap(self) -> int:
+        """Collect exits; restart crashed pods whose backoff has passed. Never waits long."""
+        await self._reap_stopping()
         now = self._clock()
         restarted = 0
         for slot in list(self._slots):
@@ -197,27 +225,30 @@ class LocalProcessScaler:
                 log.warning("%s crashed (exit %d after %.0f s); restart in %.1f s",
                             slot.name, code, lived, delay)
             if slot.process is None and now >= slot.restart_at:
-                self._spawn(slot)
+                await self._spawn(slot)
                 restarted += 1
         return restarted
 
-    def close(self) -> None:
+    async def close(self) -> None:
         """SIGTERM every pod and wait for them (SIGKILL after ``grace``); idempotent."""
-        self.scale_to(0)
+        if self._spawning:  # starts still in flight (their caller was cancelled)
+            await asyncio.gather(*self._spawning, return_exceptions=True)
+        await self.scale_to(0)
         # Real time here, not self._clock: close must end even under a frozen test clock.
         deadline = time.monotonic() + self.grace
         while self._stopping:
-            self._reap_stopping()
+            await self._reap_stopping()
             if self._stopping and time.monotonic() >= deadline:
                 for item in self._stopping:
                     log.warning("%s still running at close; killing it", item.name)
-                    _kill_group(item.process)
+                    await asyncio.to_thread(_kill_group, item.process)
                 self._stopping.clear()
             elif self._stopping:
-                time.sleep(0.05)
+                await asyncio.sleep(0.05)
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    """Blocking (waits up to 5 s for the exit): call it through ``asyncio.to_thread``."""
     # The pod leads its own session: kill the group so its env workers die with it.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
@@ -250,11 +281,13 @@ class SwarmScaler:
     """Pods as the replicas of one Docker Swarm service; Swarm restarts crashed tasks.
 
     ``client`` is a ``docker.DockerClient`` (default ``docker.from_env()``); tests pass
-    a fake with the same ``services.get(name)`` surface.
+    a fake with the same ``services.get(name)`` surface. Every call through the client
+    is blocking HTTP, so the methods make them in a worker thread.
     """
 
     def __init__(self, service_name: str, client: Any | None = None) -> None:
-        """Scale ``service_name`` through ``client``."""
+        """Scale ``service_name`` through ``client`` (blocking when it creates the client:
+        ``docker.from_env()`` asks the engine its API version; build it off the loop)."""
         if not service_name:
             raise ConfigError("service_name", "empty", "name the Swarm service of the pods")
         self.service_name = service_name
@@ -267,13 +300,13 @@ class SwarmScaler:
         self._client: Any = client
 
     def _service(self) -> Any:
+        """The Swarm service (blocking HTTP: call it in a worker thread)."""
         if self._client is None:
             raise BrokerError(f"docker: {self.service_name}: scaler is closed")
         with _docker_errors(self.service_name):
             return self._client.services.get(self.service_name)
 
-    def current(self) -> int:
-        """The service's desired replica count."""
+    def _replicas(self) -> int:
         service = self._service()
         mode = service.attrs.get("Spec", {}).get("Mode", {})
         if "Replicated" not in mode:
@@ -281,25 +314,32 @@ class SwarmScaler:
                               "deploy the pod service with mode: replicated")
         return int(mode["Replicated"].get("Replicas", 0))
 
-    def scale_to(self, n: int) -> None:
-        """Set the replica count to ``n``; Swarm sends SIGTERM to the tasks it removes."""
-        if n < 0:
-            raise ConfigError("pods", f"must be >= 0, got {n}")
+    def _scale(self, n: int) -> None:
         service = self._service()
         with _docker_errors(self.service_name):
             service.scale(n)
+
+    async def current(self) -> int:
+        """The service's desired replica count."""
+        return await asyncio.to_thread(self._replicas)
+
+    async def scale_to(self, n: int) -> None:
+        """Set the replica count to ``n``; Swarm sends SIGTERM to the tasks it removes."""
+        if n < 0:
+            raise ConfigError("pods", f"must be >= 0, got {n}")
+        await asyncio.to_thread(self._scale, n)
         log.info("scaled Swarm service %s to %d replicas", self.service_name, n)
 
-    def reap(self) -> int:
+    async def reap(self) -> int:
         """Nothing to do: Swarm's restart policy restarts crashed tasks."""
         return 0
 
-    def close(self) -> None:
+    async def close(self) -> None:
         """Close the Docker client if this scaler created it (idempotent)."""
-        if self._owns_client and self._client is not None:
+        client, self._client = self._client, None
+        if self._owns_client and client is not None:
             with contextlib.suppress(Exception):
-                self._client.close()
-        self._client = None
+                await asyncio.to_thread(client.close)
 
 
 # ------------------------------------------------------------------------- none
@@ -316,21 +356,21 @@ class NullScaler:
         """Start with no pods requested."""
         self._target = 0
 
-    def current(self) -> int:
+    async def current(self) -> int:
         """The last target asked for."""
         return self._target
 
-    def scale_to(self, n: int) -> None:
+    async def scale_to(self, n: int) -> None:
         """Record ``n``; nothing is started."""
         if n < 0:
             raise ConfigError("pods", f"must be >= 0, got {n}")
         self._target = n
 
-    def reap(self) -> int:
+    async def reap(self) -> int:
         """Nothing to restart."""
         return 0
 
-    def close(self) -> None:
+    async def close(self) -> None:
         """Nothing to release."""
 
 

@@ -93,6 +93,9 @@ class Orchestrator:
         self.stop_reason: str | None = None
         self.changed = asyncio.Event()
         """Set by ``follow_leaderboard``: the next poll comes at once."""
+        self.pods = 0
+        """The scaler's pod count as of the last poll (and its target after a change):
+        what the heartbeat reports, since asking the scaler may be a network call."""
 
     async def step(self, first: bool) -> None:
         """One poll: read, decide, scale, reap."""
@@ -103,7 +106,7 @@ class Orchestrator:
         except BrokerError as exc:
             log.warning("orchestrator: queue depth unavailable: %s", exc)
             queue = None
-        current = self.scaler.current()
+        current = self.pods = await self.scaler.current()
         if first:
             # nothing is running yet: go straight to what the node can hold
             target, reason = self.policy.desired(load, current, None).pods, "start"
@@ -113,10 +116,11 @@ class Orchestrator:
             target, reason, changed = decision.target, decision.reason, decision.changed
         if changed:
             log.info("%s: %d -> %d pods (%s)", load.node, current, target, reason)
-            await asyncio.to_thread(self.scaler.scale_to, target)
+            await self.scaler.scale_to(target)
+            self.pods = target
             await self._announce(Scale(experiment=self.ctx.settings.experiment.name,
                                        node=load.node, pods=target), "control.scale")
-        restarted = await asyncio.to_thread(self.scaler.reap)
+        restarted = await self.scaler.reap()
         if restarted:
             log.warning("%s: restarted %d crashed pod(s)", load.node, restarted)
 
@@ -173,7 +177,7 @@ async def main(ctx: ServiceContext[Settings], scaler: Scaler, *, connect: Connec
     async with connect(experiment=settings.experiment.name) as transport:
         orchestrator = Orchestrator(ctx, transport, scaler, probe, policy, poll_s)
         ctx.heartbeat(transport, role="orchestrator",
-                      status_fn=lambda: f"{scaler.current()} pods")
+                      status_fn=lambda: f"{orchestrator.pods} pods")
         side: list[asyncio.Task[Any]] = [
             asyncio.create_task(watch_stop(ctx, transport)),
             asyncio.create_task(follow_leaderboard(transport, orchestrator.progress,
@@ -181,11 +185,11 @@ async def main(ctx: ServiceContext[Settings], scaler: Scaler, *, connect: Connec
         try:
             await orchestrator.run()
         finally:
-            log.info("orchestrator: stopping %d pod(s)", scaler.current())
+            log.info("orchestrator: stopping %d pod(s)", orchestrator.pods)
             if orchestrator.stop_reason is not None:
                 side.append(asyncio.create_task(orchestrator.remind_stop()))
                 stop_at = time.monotonic()
-            await asyncio.to_thread(scaler.close)
+            await scaler.close()
             if orchestrator.stop_reason is not None:
                 # keep reminding a little while for pods this node does not own
                 await asyncio.sleep(max(0.0, remind_for_s - (time.monotonic() - stop_at)))

@@ -90,7 +90,7 @@ async def _embedded(settings: Settings, monitor: Monitor, registry: AlgorithmReg
     settings = dataclasses.replace(settings, broker="memory://")
     contexts = {role: ServiceContext(settings, role) for role in SERVICE_ROLES}
     pods = _EmbeddedPods(registry, connect)
-    scaler = TaskScaler(pods.main, lambda name: dataclasses.replace(settings, name=name), loop)
+    scaler = TaskScaler(pods.main, lambda name: dataclasses.replace(settings, name=name))
     policy = orchestrator_service.default_policy(settings, min_pods=settings.experiment.pods)
 
     def on_signal() -> None:

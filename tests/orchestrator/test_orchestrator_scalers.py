@@ -1,12 +1,14 @@
-"""Scalers: real child processes (tiny python sleepers) and Swarm at its SDK boundary."""
+"""Scalers: real child processes (tiny python sleepers), Swarm at its SDK boundary and
+in-process pod tasks; every Scaler method is a coroutine."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -14,9 +16,15 @@ from typing import Any
 import docker.errors
 import pytest
 
+from broker.connect import connector
 from broker.errors import BrokerError, ConfigError
 from broker.experiment import parse_experiment
+from broker.memory import MemoryBroker
+from broker.service import ServiceContext
 from broker.settings import Settings
+from orchestrator.embedded import TaskScaler
+from orchestrator.policy import ScalingPolicy
+from orchestrator.probes import FakeProbe, NodeLoad
 from orchestrator.scalers import (
     LocalProcessScaler,
     NullScaler,
@@ -24,6 +32,7 @@ from orchestrator.scalers import (
     SwarmScaler,
     build_scaler,
 )
+from orchestrator.service import Orchestrator
 
 SLEEPER = "import time; time.sleep(60)"
 # Announces itself once its SIGTERM handler is in place, then ignores SIGTERM.
@@ -35,11 +44,18 @@ def python(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
-def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+async def wait_until(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
-    while not check():
+    while not await check():
         assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
+        await asyncio.sleep(0.02)
+
+
+def holds(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    """A plain condition for ``wait_until``."""
+    async def poll() -> bool:
+        return check()
+    return poll
 
 
 def alive(pid: int) -> bool:
@@ -63,96 +79,108 @@ class Clock:
 
 
 @pytest.fixture
-def scalers() -> Iterator[list[LocalProcessScaler]]:
+async def scalers() -> AsyncIterator[list[LocalProcessScaler]]:
     """Scalers made by a test; closed afterwards so no child outlives the test."""
     made: list[LocalProcessScaler] = []
     yield made
     for scaler in made:
-        scaler.close()
+        await scaler.close()
 
 
-def test_scale_up_and_down(scalers: list[LocalProcessScaler]) -> None:
+async def test_scale_up_and_down(scalers: list[LocalProcessScaler]) -> None:
     scaler = LocalProcessScaler(python(SLEEPER), grace=5.0)
     scalers.append(scaler)
     assert isinstance(scaler, Scaler)
-    scaler.scale_to(3)
+    await scaler.scale_to(3)
     pids = scaler.pids()
-    assert scaler.current() == 3 and len(set(pids)) == 3 and all(alive(p) for p in pids)
-    scaler.scale_to(1)
-    assert scaler.current() == 1 and scaler.pids() == pids[:1]  # the newest go first
-    wait_until(lambda: (scaler.reap(), scaler.stopping())[1] == 0)
+    assert await scaler.current() == 3 and len(set(pids)) == 3 and all(alive(p) for p in pids)
+    await scaler.scale_to(1)
+    assert await scaler.current() == 1 and scaler.pids() == pids[:1]  # the newest go first
+
+    async def stopped() -> bool:
+        await scaler.reap()
+        return scaler.stopping() == 0
+
+    await wait_until(stopped)
     assert not alive(pids[1]) and not alive(pids[2]) and alive(pids[0])
-    scaler.close()
-    assert not alive(pids[0]) and scaler.current() == 0
-    scaler.close()  # idempotent
+    await scaler.close()
+    assert not alive(pids[0]) and await scaler.current() == 0
+    await scaler.close()  # idempotent
 
 
-def test_pods_get_names_and_env(tmp_path: Path, scalers: list[LocalProcessScaler]) -> None:
+async def test_pods_get_names_and_env(tmp_path: Path,
+                                      scalers: list[LocalProcessScaler]) -> None:
     code = "import os; print(os.environ['PODRACER_POD'], os.environ['EXTRA'], flush=True)"
     scaler = LocalProcessScaler(python(code + "; import time; time.sleep(60)"),
                                 env={"EXTRA": "yes"}, name_prefix="pendulum", log_dir=tmp_path)
     scalers.append(scaler)
-    scaler.scale_to(2)
+    await scaler.scale_to(2)
     logs = [tmp_path / "pendulum-1.log", tmp_path / "pendulum-2.log"]
-    wait_until(lambda: all(p.exists() and p.read_text() for p in logs))
+    await wait_until(holds(lambda: all(p.exists() and p.read_text() for p in logs)))
     assert [p.read_text().split() for p in logs] == [["pendulum-1", "yes"], ["pendulum-2", "yes"]]
 
 
-def test_sigterm_then_sigkill_after_grace(tmp_path: Path,
-                                          scalers: list[LocalProcessScaler]) -> None:
+async def test_sigterm_then_sigkill_after_grace(tmp_path: Path,
+                                                scalers: list[LocalProcessScaler]) -> None:
     clock = Clock()
     scaler = LocalProcessScaler(python(STUBBORN), grace=30.0, log_dir=tmp_path, clock=clock)
     scalers.append(scaler)
-    scaler.scale_to(1)
-    wait_until(lambda: "ready" in (tmp_path / "pod-1.log").read_text())
+    await scaler.scale_to(1)
+    await wait_until(holds(lambda: "ready" in (tmp_path / "pod-1.log").read_text()))
     pid = scaler.pids()[0]
-    scaler.scale_to(0)
-    time.sleep(0.3)
-    scaler.reap()
+    await scaler.scale_to(0)
+    await asyncio.sleep(0.3)
+    await scaler.reap()
     assert alive(pid) and scaler.stopping() == 1  # SIGTERM ignored, grace not over yet
     clock.now += 31.0
-    scaler.reap()
+    await scaler.reap()
     assert not alive(pid) and scaler.stopping() == 0
 
 
-def test_crashed_pods_restart_with_backoff(scalers: list[LocalProcessScaler]) -> None:
+async def test_crashed_pods_restart_with_backoff(scalers: list[LocalProcessScaler]) -> None:
     clock = Clock()
     scaler = LocalProcessScaler(python("raise SystemExit(3)"), restart_backoff=2.0,
                                 max_backoff=5.0, clock=clock)
     scalers.append(scaler)
-    scaler.scale_to(1)
+    await scaler.scale_to(1)
     first = scaler.pids()[0]
-    wait_until(lambda: not alive(first))
-    assert scaler.reap() == 0  # crash noticed; restart waits 2 s
-    assert scaler.current() == 1 and scaler.pids() == []
+    await wait_until(holds(lambda: not alive(first)))
+    assert await scaler.reap() == 0  # crash noticed; restart waits 2 s
+    assert await scaler.current() == 1 and scaler.pids() == []
     clock.now += 2.0
-    assert scaler.reap() == 1
+    assert await scaler.reap() == 1
     second = scaler.pids()[0]
     assert second != first
-    wait_until(lambda: not alive(second))
-    scaler.reap()  # second consecutive crash: 4 s
+    await wait_until(holds(lambda: not alive(second)))
+    await scaler.reap()  # second consecutive crash: 4 s
     clock.now += 3.9
-    assert scaler.reap() == 0
+    assert await scaler.reap() == 0
     clock.now += 0.1
-    assert scaler.reap() == 1
+    assert await scaler.reap() == 1
 
 
-def test_clean_exit_is_not_restarted(scalers: list[LocalProcessScaler]) -> None:
+async def test_clean_exit_is_not_restarted(scalers: list[LocalProcessScaler]) -> None:
     scaler = LocalProcessScaler(python("pass"), restart_backoff=0.0)
     scalers.append(scaler)
-    scaler.scale_to(2)
-    wait_until(lambda: (scaler.reap(), scaler.current())[1] == 0)
+    await scaler.scale_to(2)
+
+    async def gone() -> bool:
+        await scaler.reap()
+        return await scaler.current() == 0
+
+    await wait_until(gone)
     assert scaler.pids() == []
 
 
-def test_bad_commands_are_config_errors() -> None:
+async def test_bad_commands_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="command"):
         LocalProcessScaler([])
     scaler = LocalProcessScaler(["/nonexistent/podracer", "serve", "pod"])
     with pytest.raises(ConfigError, match="cannot start '/nonexistent/podracer'"):
-        scaler.scale_to(1)
+        await scaler.scale_to(1)
+    assert await scaler.current() == 0  # the pod that could not start is not counted
     with pytest.raises(ConfigError, match="pods"):
-        scaler.scale_to(-1)
+        await scaler.scale_to(-1)
 
 
 # ------------------------------------------------------------------------ Swarm
@@ -191,49 +219,168 @@ class FakeDocker:
         self.closed = True
 
 
-def test_swarm_scaler_reads_and_sets_replicas() -> None:
+async def test_swarm_scaler_reads_and_sets_replicas() -> None:
     """No Docker engine runs in CI: this tests SwarmScaler at the Docker SDK boundary."""
     service = FakeService(replicas=2)
     client = FakeDocker({"podracer_pod": service})
     scaler = SwarmScaler("podracer_pod", client=client)
     assert isinstance(scaler, Scaler)
-    assert scaler.current() == 2
-    scaler.scale_to(5)
-    assert service.scaled == [5] and scaler.current() == 5
-    assert scaler.reap() == 0
-    scaler.close()
+    assert await scaler.current() == 2
+    await scaler.scale_to(5)
+    assert service.scaled == [5] and await scaler.current() == 5
+    assert await scaler.reap() == 0
+    await scaler.close()
     assert not client.closed  # a client passed in belongs to the caller
     with pytest.raises(BrokerError, match="closed"):
-        scaler.current()
+        await scaler.current()
 
 
-def test_swarm_errors_are_translated() -> None:
+async def test_swarm_errors_are_translated() -> None:
     """Docker SDK exceptions (raised by a fake client) become ConfigError / BrokerError."""
     broken = FakeService(2, error=docker.errors.APIError("update out of sequence"))
     client = FakeDocker({"global": FakeService(None), "broken": broken})
     with pytest.raises(ConfigError, match="no Swarm service named 'missing'"):
-        SwarmScaler("missing", client=client).current()
+        await SwarmScaler("missing", client=client).current()
     with pytest.raises(ConfigError, match="not replicated"):
-        SwarmScaler("global", client=client).current()
+        await SwarmScaler("global", client=client).current()
     with pytest.raises(BrokerError, match="update out of sequence"):
-        SwarmScaler("broken", client=client).scale_to(3)
+        await SwarmScaler("broken", client=client).scale_to(3)
     with pytest.raises(ConfigError, match="pods"):
-        SwarmScaler("broken", client=client).scale_to(-1)
+        await SwarmScaler("broken", client=client).scale_to(-1)
+
+
+async def test_swarm_calls_do_not_stall_the_loop() -> None:
+    """A slow Docker API (blocking HTTP in the SDK) runs off the loop: heartbeats go on."""
+    service = FakeService(replicas=1)
+    client = FakeDocker({"podracer_pod": service})
+    get = client.services.get
+
+    def slow_get(name: str) -> FakeService:
+        time.sleep(0.3)  # as a blocking HTTP round trip would
+        return get(name)
+
+    client.services.get = slow_get
+    scaler = SwarmScaler("podracer_pod", client=client)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    try:
+        await scaler.scale_to(3)
+        assert await scaler.current() == 3 and service.scaled == [3]
+    finally:
+        task.cancel()
+    assert ticks >= 5, f"the loop stalled during the Docker calls ({ticks} ticks in 0.6 s)"
+
+
+# -------------------------------------------------------------- in-process pods
+
+
+def _settings(tmp_path: Path) -> Settings:
+    experiment = parse_experiment({"name": "t", "env": "e", "algos": {"sac": 1},
+                                   "round_budget": {"steps": 5}})
+    return Settings(experiment=experiment, store=tmp_path)
+
+
+async def test_task_scaler_restarts_failed_pods_and_stops_the_newest(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    started: list[str] = []
+    ended: list[str] = []
+
+    async def pod(ctx: ServiceContext[Settings]) -> int:
+        started.append(ctx.name)
+        if ctx.name == "pod-2":
+            return 3  # a crash
+        await ctx.stopping.wait()
+        ended.append(ctx.name)
+        return 0
+
+    scaler = TaskScaler(pod, lambda name: settings, grace=5.0)
+    assert isinstance(scaler, Scaler)
+    try:
+        await scaler.scale_to(3)
+        assert await scaler.current() == 3
+        await wait_until(holds(lambda: started == ["pod-1", "pod-2", "pod-3"]))
+
+        async def crashed() -> bool:
+            return await scaler.current() == 2  # pod-2 is done
+
+        await wait_until(crashed)
+        assert await scaler.reap() == 1 and scaler.restarts == 1
+        assert await scaler.current() == 3
+        await wait_until(holds(lambda: started[-1] == "pod-4"))
+        await scaler.scale_to(1)  # the newest (pod-3, pod-4) are asked to stop
+        assert await scaler.current() == 1
+        await wait_until(holds(lambda: sorted(ended) == ["pod-3", "pod-4"]))
+        assert await scaler.reap() == 0  # stopped on purpose: not restarted
+        assert await scaler.current() == 1
+    finally:
+        await scaler.close()
+    assert sorted(ended) == ["pod-1", "pod-3", "pod-4"] and await scaler.current() == 0
+    await scaler.close()  # idempotent
+
+
+async def test_task_scaler_close_cancels_pods_after_the_grace(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    cancelled: list[str] = []
+
+    async def stubborn(ctx: ServiceContext[Settings]) -> int:
+        try:
+            await asyncio.sleep(60)  # ignores ctx.stopping
+        except asyncio.CancelledError:
+            cancelled.append(ctx.name)
+            raise
+        return 0
+
+    scaler = TaskScaler(stubborn, lambda name: settings, grace=0.2)
+    await scaler.scale_to(2)
+    await asyncio.sleep(0)  # the pods start
+    begun = time.monotonic()
+    await scaler.close()
+    assert 0.18 <= time.monotonic() - begun < 5.0  # waited the grace, then cancelled
+    await wait_until(holds(lambda: sorted(cancelled) == ["pod-1", "pod-2"]))
+
+
+# ----------------------------------------------------------------- orchestrator
+
+
+async def test_orchestrator_awaits_its_scaler_and_caches_the_count(tmp_path: Path) -> None:
+    """``Orchestrator.pods`` (what its heartbeat reports) follows each poll and change."""
+    settings = _settings(tmp_path)
+    scaler = NullScaler()
+    probe = FakeProbe([NodeLoad(node="n", cpu_percent=10.0, cpu_count=8, mem_percent=30.0)])
+    policy = ScalingPolicy(min_pods=1, max_pods=6, cpu_per_pod=1.0, cpu_low=50.0,
+                           cpu_high=85.0, up_polls=2, down_polls=2)
+    connect = connector("memory://", MemoryBroker())
+    async with connect(experiment=settings.experiment.name) as transport:
+        orch = Orchestrator(ServiceContext(settings, "orchestrator"), transport, scaler,
+                            probe, policy, poll_s=0.1)
+        assert orch.pods == 0
+        await orch.step(first=True)  # 10% of 8 cores: room for 4
+        assert orch.pods == await scaler.current() == 4
+        await scaler.scale_to(2)  # changed behind the orchestrator's back
+        await orch.step(first=False)
+        assert orch.pods == 2
 
 
 # ---------------------------------------------------------------------- builder
 
 
-def test_null_scaler_only_remembers_the_target() -> None:
+async def test_null_scaler_only_remembers_the_target() -> None:
     scaler = NullScaler()
-    assert isinstance(scaler, Scaler) and scaler.current() == 0
-    scaler.scale_to(4)
-    assert scaler.current() == 4 and scaler.reap() == 0
+    assert isinstance(scaler, Scaler) and await scaler.current() == 0
+    await scaler.scale_to(4)
+    assert await scaler.current() == 4 and await scaler.reap() == 0
     with pytest.raises(ConfigError, match="pods"):
-        scaler.scale_to(-2)
+        await scaler.scale_to(-2)
 
 
-def test_build_scaler_local_passes_the_experiment_to_pods(tmp_path: Path) -> None:
+async def test_build_scaler_local_passes_the_experiment_to_pods(tmp_path: Path) -> None:
     experiment = parse_experiment({"name": "t", "env": "Pendulum-v1", "algos": {"sac": 1},
                                    "round_budget": {"seconds": 5}, "pods": 2})
     settings = Settings(experiment=experiment, broker="amqp://u:p@broker:5672/",
@@ -247,7 +394,7 @@ def test_build_scaler_local_passes_the_experiment_to_pods(tmp_path: Path) -> Non
     assert (scaler.env["PODRACER_DEVICE"], scaler.env["PODRACER_TORCH_THREADS"]) == ("cpu", "1")
     written = Path(scaler.env["PODRACER_EXPERIMENT_FILE"])
     assert parse_experiment(json.loads(written.read_text())) == experiment
-    assert scaler.current() == 0  # nothing starts before scale_to
+    assert await scaler.current() == 0  # nothing starts before scale_to
 
 
 def test_build_scaler_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

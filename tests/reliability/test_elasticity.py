@@ -74,9 +74,8 @@ async def rig(tmp_path: Path, wire: Callable[..., Any]) -> AsyncIterator[Rig]:
         round_budget={"seconds": ROUND_S}, pods=POLICY.max_pods, device="cpu")
     settings = Settings(experiment=exp, broker="memory://", store=tmp_path, device="cpu",
                         torch_threads=1)
-    loop = asyncio.get_running_loop()
     scaler = TaskScaler(wire(pod_service.main, connect),
-                        lambda name: dataclasses.replace(settings, name=name), loop, grace=60)
+                        lambda name: dataclasses.replace(settings, name=name), grace=60)
     updater_ctx = ServiceContext(settings, "updater")
     updater = asyncio.create_task(wire(updater_service.main, connect)(updater_ctx))
     probe = FakeProbe([load(10.0)])
@@ -86,7 +85,7 @@ async def rig(tmp_path: Path, wire: Callable[..., Any]) -> AsyncIterator[Rig]:
         try:
             yield Rig(transport, settings, scaler, probe, orch, tmp_path)
         finally:
-            await asyncio.to_thread(scaler.close)
+            await scaler.close()
             updater_ctx.stop()
             assert await asyncio.wait_for(updater, 60) == 0
             await updater_ctx.close()
@@ -108,7 +107,7 @@ async def _polls_to_reach(rig: Rig, cpu: float, target: int) -> int:
     rig.probe.set(load(cpu))
     for polls in range(1, 2 * MAX_POLLS + 2):
         await rig.orchestrator.step(first=False)
-        if rig.scaler.current() == target:
+        if await rig.scaler.current() == target:
             return polls
     return -1
 
@@ -126,7 +125,7 @@ async def test_pool_follows_load_and_loses_no_round(
     published = await _publish_rounds(rig)
 
     await rig.orchestrator.step(first=True)  # 10% of 8 cores: room for 4
-    assert rig.scaler.current() == 4
+    assert await rig.scaler.current() == 4
     started = re.compile(r"round (\w{8}) \(")
     await _wait(lambda: len(started.findall(caplog.text)) >= 4, 60, "4 pods mid-round")
 
@@ -135,7 +134,7 @@ async def test_pool_follows_load_and_loses_no_round(
     rig.probe.set(load(70.0))  # the node settles inside the watermarks: hold
     for _ in range(3):
         await rig.orchestrator.step(first=False)
-        assert rig.scaler.current() == 2
+        assert await rig.scaler.current() == 2
 
     # the CPU frees up and work is waiting: 10% -> 5 pods (the queue holds >= 3)
     assert await _polls_to_reach(rig, 10.0, 5) <= MAX_POLLS
