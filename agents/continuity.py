@@ -25,6 +25,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 
+import psutil
 import torch
 
 from agents.replay import ReplayBuffer
@@ -115,6 +116,12 @@ class ReplayCache:
                 _, evicted = self._rows.popitem(last=False)
                 self._bytes -= rows_bytes(evicted)
 
+    def link(self, checkpoint_id: str, parent_id: str | None) -> None:
+        """Record a checkpoint that holds no rows of its own (an intermediate best of a
+        round): its lineage gets the rows of the round's end once they are put."""
+        with self._lock:
+            self._parent[checkpoint_id] = parent_id
+
     def get(self, checkpoint_id: str | None) -> Rows | None:
         """The newest rows of ``checkpoint_id``'s lineage (shared: never modify them)."""
         if checkpoint_id is None:
@@ -132,8 +139,6 @@ class ReplayCache:
 
 def default_cache_bytes() -> int:
     """A quarter of the memory available now, at most 8 GiB."""
-    import psutil
-
     return min(8 * 2**30, psutil.virtual_memory().available // 4)
 
 

@@ -84,6 +84,8 @@ class _Chain:
         self.parent_id = init.parent_id
         self.generation = init.generation
         self.links = 0
+        self.links_published: list[tuple[str, str | None]] = []
+        """(intermediate checkpoint id, its parent id), in order."""
         self.env_steps = 0
         self.seconds = 0.0
         self._tasks: list[asyncio.Task[None]] = []
@@ -106,6 +108,7 @@ class _Chain:
         self.links += 1
         self.env_steps += snapshot.env_steps
         self.seconds += snapshot.seconds
+        self.links_published.append((f"{self.init.id}.{self.links}", self.parent_id))
         checkpoint = self._checkpoint(f"{self.init.id}.{self.links}", snapshot.state,
                                       (snapshot.score_mean, snapshot.score_std),
                                       snapshot.env_steps, snapshot.seconds, [])
@@ -203,7 +206,9 @@ class Pod:
             self.status = "idle"
         result = output.result
         if output.replay is not None:
-            self.cache.put(init.id, output.replay, init.parent_id)
+            for link, parent in chain.links_published:
+                self.cache.link(link, parent)
+            self.cache.put(init.id, output.replay, chain.parent_id)
         if result.state is None:
             # diverged before any finite evaluation: nothing worth ranking; the lineage
             # ends here (a redelivery would diverge again)

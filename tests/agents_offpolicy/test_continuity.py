@@ -106,6 +106,11 @@ def test_cache_gives_a_lineage_its_newest_rows() -> None:
         rows = cache.get(ancestor)
         assert rows is not None and rows["replay.obs"].shape[0] == 4
     assert cache.get("other")["replay.obs"].shape[0] == 1  # type: ignore[index]
+    # an intermediate best of a round holds no rows: its lineage gets the round's end
+    cache.link("grandchild.1", "child")
+    cache.put("great", _rows(5, 4.0), parent_id="grandchild.1")
+    for ancestor in ("root", "child", "grandchild.1"):
+        assert cache.get(ancestor)["replay.obs"].shape[0] == 5  # type: ignore[index]
     assert cache.get(None) is None and cache.get("unknown") is None
 
 
