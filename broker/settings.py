@@ -156,4 +156,23 @@ def configure_logging(level: str | None = None) -> None:
     if not isinstance(logging.getLevelName(name), int):
         raise ConfigError("PODRACER_LOG_LEVEL", f"unknown level {name!r}",
                           "use DEBUG, INFO, WARNING or ERROR")
-    logging.basicConfig(level=name, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=name, format=LOG_FORMAT)
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def log_to_file(path: Path, console_level: int = logging.WARNING) -> Path:
+    """Send every log line to ``path`` too, and only ``console_level`` and above to the
+    console (``podracer train`` keeps its terminal for the progress view; ``-v`` shows
+    the services' lines there as well)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    root = logging.getLogger()
+    for handler in root.handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(
+                handler, logging.FileHandler):
+            handler.setLevel(console_level)
+    file_handler = logging.FileHandler(path)
+    file_handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root.addHandler(file_handler)
+    return path

@@ -148,6 +148,8 @@ def make(
         raise ConfigError("vectorization", f"unknown mode {vectorization!r}",
                           f"choose one of {', '.join(VECTORIZATIONS)}")
     spec = _find_spec(gym_id)
+    if isinstance(spec.entry_point, str) and spec.entry_point.startswith("gymnasium.envs.mujoco"):
+        route_mujoco_warnings()
     cpus = len(os.sched_getaffinity(0))
     threads = num_threads if num_threads is not None else cpus
     if vectorization == "auto":
@@ -163,6 +165,32 @@ def make(
                           "pass only arguments its constructor or gymnasium.make accepts") from None
     log.debug("gym env %s: %d copies, %s vectorization", gym_id, num_envs, vectorization)
     return GymVecEnv(vector_env, device, obs_dtype)
+
+
+KNOWN_MUJOCO_WARNINGS = ("compiler attribute 'settotalmass' is deprecated",)
+"""MuJoCo warnings about Gymnasium's own model files: logged at debug, not printed."""
+
+
+@functools.cache
+def route_mujoco_warnings() -> None:
+    """Send MuJoCo's warnings to the ``mujoco`` logger, once per process.
+
+    MuJoCo prints them from C straight to the terminal, one per model compiled: dozens
+    of ``settotalmass`` lines per run on Gymnasium's MuJoCo envs. The known ones go to
+    debug; any other is logged as a warning, once per distinct text."""
+    import mujoco  # only for MuJoCo envs
+
+    mujoco_log = logging.getLogger("mujoco")
+    seen: set[str] = set()
+
+    def warn(message: str) -> None:
+        if message in seen:
+            return
+        seen.add(message)
+        known = any(message.startswith(k) for k in KNOWN_MUJOCO_WARNINGS)
+        mujoco_log.log(logging.DEBUG if known else logging.WARNING, "%s", message)
+
+    mujoco.set_mju_user_warning(warn)
 
 
 def _auto(spec: gymnasium.envs.registration.EnvSpec, parallel: bool, kwargs: dict[str, Any]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 import signal
 import sys
@@ -15,6 +16,7 @@ from broker.settings import (
     Settings,
     configure_logging,
     default_experiment,
+    log_to_file,
     read_experiment,
     settings_from_env,
 )
@@ -92,6 +94,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     settings = settings_from_env(experiment=experiment, broker=args.broker,
                                  device=args.device, torch_threads=args.threads)
     out = Path(args.out) if args.out else Path("runs") / experiment.name
+    log_to_file(out / "logs" / "train.log", logging.INFO if args.verbose else logging.WARNING)
     result = train(settings, out, progress=not args.quiet)
     return result.exit_code
 
@@ -179,7 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="experiment name (namespace of queues and the run dir)")
     p.add_argument("--out", help="run directory (default runs/<experiment>)")
     p.add_argument("--threads", type=int, help="torch threads per pod process")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--quiet", action="store_true", help="no progress view")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="service log lines on the console too (always in <out>/logs/)")
     _add_common(p)
     p.set_defaults(func=cmd_train)
 
@@ -198,11 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.set_defaults(func=cmd_serve)
 
-    from podracer import inspect_cli, layers, status_cli
+    from podracer import inspect_cli, layers, report, status_cli
 
     status_cli.add_command(sub, _add_common)
     inspect_cli.add_commands(sub, _add_common)
     layers.add_command(sub, _add_common)
+    report.add_command(sub, _add_common)
     return parser
 
 

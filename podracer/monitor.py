@@ -1,16 +1,18 @@
-"""Live view of a running experiment from its events: progress lines and TensorBoard.
+"""Live view of a running experiment from its events: the progress view and TensorBoard.
 
 ``Monitor.follow(transport)`` subscribes to every event of the experiment and keeps
-the best score, the pods alive (a heartbeat in the last ``ALIVE_S`` seconds), their
-throughput, and the stop reason; it prints one progress line every ``PRINT_S``
-seconds and writes TensorBoard scalars (``leaderboard/best`` over total env steps and
-wall time; each pod's metrics over its env steps).
+the best score, the top 3, the pods alive (a heartbeat in the last ``ALIVE_S``
+seconds), their throughput, and the stop reason. On a terminal it shows one live
+panel (``rich``), redrawn in place; elsewhere (a pipe, a CI log) it prints one progress
+line every ``PRINT_S`` seconds. It writes TensorBoard scalars (``leaderboard/best``
+over total env steps and wall time; each pod's metrics over its env steps).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,9 +30,19 @@ PRINT_S = 2.0
 class Monitor:
     """Aggregates events; see the module doc."""
 
-    def __init__(self, experiment: Experiment, tb_dir: Path | None, echo: bool = True) -> None:
+    def __init__(self, experiment: Experiment, tb_dir: Path | None, echo: bool = True,
+                 live: bool | None = None) -> None:
+        """``echo``: show progress at all; ``live``: as a redrawn panel (default: when
+        stdout is a terminal)."""
         self.experiment = experiment
         self.echo = echo
+        self.top: list[tuple[str, float]] = []
+        self._live: Any = None
+        if echo and (sys.stdout.isatty() if live is None else live):
+            from rich.live import Live
+
+            self._live = Live(self.panel(), refresh_per_second=2, transient=False)
+            self._live.start()
         self.started = time.monotonic()
         self.started_wall = time.time()
         self.best_score: float | None = None
@@ -77,6 +89,7 @@ class Monitor:
                     self._writer.add_scalar(f"pods/{event.pod}/{key}", value, step)
         elif isinstance(event, LeaderboardChanged):
             self.best_score = event.best_score
+            self.top = list(event.top[:3])
             self.checkpoints = event.checkpoints
             self.total_env_steps = event.total_env_steps
             if self._writer is not None:
@@ -86,9 +99,31 @@ class Monitor:
                                         int(now - self.started))
         elif isinstance(event, Stop):
             self.stop_reason = event.reason
-        if self.echo and now - self._last_print >= PRINT_S:
+        if self._live is not None:
+            self._live.update(self.panel())
+        elif self.echo and now - self._last_print >= PRINT_S:
             self._last_print = now
             print(self.line(), flush=True)
+
+    def panel(self) -> Any:
+        """The live panel: elapsed, best and target, checkpoints, pods, env-steps/s, top 3."""
+        from rich.panel import Panel
+        from rich.table import Table
+
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold")
+        table.add_column()
+        best = "-" if self.best_score is None else f"{self.best_score:,.1f}"
+        target = self.experiment.target_score
+        table.add_row("elapsed", f"{time.monotonic() - self.started:,.0f} s")
+        table.add_row("best", best + ("" if target is None else f"  (target {target:g})"))
+        table.add_row("checkpoints", f"{self.checkpoints}")
+        table.add_row("pods", f"{self.pods_alive()}")
+        table.add_row("env steps/s", f"{self.env_steps_per_s():,.0f}")
+        for rank, (checkpoint, score) in enumerate(self.top, 1):
+            table.add_row(f"top {rank}", f"{score:,.1f}  {checkpoint[:8]}")
+        return Panel(table, title=f"podracer: {self.experiment.name} on {self.experiment.env}",
+                     expand=False)
 
     def line(self) -> str:
         """The progress line: elapsed, best, checkpoints, pods, env-steps/s."""
@@ -106,7 +141,11 @@ class Monitor:
                 self.observe(event)
 
     def close(self) -> None:
-        """Flush TensorBoard files (idempotent)."""
+        """Stop the live panel and flush TensorBoard files (idempotent)."""
+        if self._live is not None:
+            self._live.update(self.panel())
+            self._live.stop()
+            self._live = None
         if self._writer is not None:
             with contextlib.suppress(Exception):
                 self._writer.close()

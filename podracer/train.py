@@ -220,11 +220,12 @@ def train(settings: Settings, out: Path, *, progress: bool = True,
     finally:
         monitor.close()
     seconds = time.monotonic() - started
-    summary = write_report(out, started_wall=monitor.started_wall)
+    summary = write_report(out, started_wall=monitor.started_wall, target=exp.target_score)
     result = TrainResult(code, summary.best_score, summary.checkpoints, seconds,
                          monitor.stop_reason)
     print(f"podracer: {'done' if code == 0 else 'FAILED'} in {seconds:.1f}s: "
           f"{result.checkpoints} checkpoints, best {result.best_score}, "
-          f"stop: {result.stop_reason or 'n/a'}; curve {out / 'learning_curve.png'}",
+          f"stop: {result.stop_reason or 'n/a'}; charts {out / 'tournament.png'} and "
+          f"{out / 'throughput.png'}",
           flush=True)
     return result
