@@ -34,8 +34,9 @@ log = logging.getLogger(__name__)
 
 
 def _fused(name: str, tensor: torch.Tensor) -> bool:
-    # replay rows (checkpoint_replay) are data, not parameters: each learner keeps its own
-    return tensor.is_floating_point() and not name.startswith("replay.")
+    # replay rows (checkpoint_replay) and the H-term's memory are data, not parameters:
+    # each learner keeps its own
+    return tensor.is_floating_point() and not name.startswith(("replay.", "hterm."))
 
 
 def fuse_states(states: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

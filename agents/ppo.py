@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from agents.base import AlgorithmSpec, SearchDim, check_sizes
+from agents.hterm import DEFAULT_WEIGHT, HTermMemory, action_dims, hterm_loss
 from agents.networks import RunningMeanStd, adam_state_tensors, copy_state, flat_dim, mlp
 from agents.rollout import Rollout, finished_returns, gae
 from broker.errors import ConfigError
@@ -79,6 +80,11 @@ class PPOConfig:
     """Number of hidden layers of the actor and the critic."""
     init_log_std: float = 0.0
     """Initial log std of the Gaussian policy (continuous actions only)."""
+    hterm: bool = False
+    """Add the H-term (``agents/hterm.py``): keep the above-average-return transitions of
+    past rollouts and raise their actions' probability. Off by default."""
+    hterm_weight: float = DEFAULT_WEIGHT
+    """Weight of the H-term in the loss (read only with ``hterm``)."""
 
     # only fields a mutated child can change while loading its parent's state: the
     # network sizes would change tensor shapes, num_envs the pod's env
@@ -92,6 +98,7 @@ class PPOConfig:
         "vf_coef": SearchDim(0.25, 1.0),
         "max_grad_norm": SearchDim(0.3, 2.0),
         "reward_scale": SearchDim(0.01, 1.0, log=True),
+        "hterm_weight": SearchDim(0.01, 1.0, log=True),
     })
 
     def __post_init__(self) -> None:
@@ -105,6 +112,9 @@ class PPOConfig:
         for name in ("lr", "clip_coef", "max_grad_norm", "reward_scale"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"hparams.{name}", f"must be > 0, got {getattr(self, name)}")
+        if not self.hterm_weight >= 0:
+            raise ConfigError("hparams.hterm_weight", f"must be >= 0, got {self.hterm_weight}",
+                              "set a non-negative weight, or hterm = false")
         for name in ("gamma", "gae_lambda"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
@@ -170,6 +180,10 @@ class PPOAgent:
         self.optimizer = torch.optim.Adam(trainable, lr=config.lr, eps=1e-5)
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
+        # the H-term's memory of good transitions (raw observations: the normaliser moves)
+        self._hterm = HTermMemory(
+            obs_shape, self._raw_shape, torch.long if self._discrete else torch.float32,
+            device) if config.hterm else None
 
         # per-env episode bookkeeping; not training state (a new env starts afresh)
         self._env: VecEnv | None = None
@@ -299,10 +313,14 @@ class PPOAgent:
             advantages = gae(batch.learning_rewards(cfg.reward_scale), batch.values,
                              batch.dones, self.value(batch.next_obs), cfg.gamma, cfg.gae_lambda)
             b_adv, b_ret = advantages.reshape(-1), (advantages + batch.values).reshape(-1)
+            if self._hterm is not None:
+                raw = batch.raw_obs if batch.raw_obs is not None else batch.obs
+                self._hterm.add(raw.reshape(-1, *self._obs_shape), b_actions, b_ret)
         # 3. update epochs: clipped surrogate, value loss and entropy bonus per minibatch
         size = b_obs.shape[0]
         mb_size = size // cfg.num_minibatches
         sums = torch.zeros(5, device=self.device)
+        hterm_sum = torch.zeros((), device=self.device)
         for _ in range(cfg.update_epochs):
             order = torch.randperm(size, generator=self.generator, device=self.device)
             for start in range(0, mb_size * cfg.num_minibatches, mb_size):
@@ -318,6 +336,10 @@ class PPOAgent:
                 v_loss = 0.5 * (self.value(b_obs[idx]) - b_ret[idx]).square().mean()
                 ent = entropy.mean()
                 loss = pg_loss - cfg.ent_coef * ent + cfg.vf_coef * v_loss
+                if self._hterm is not None and len(self._hterm) > 0:
+                    h_loss = self._hterm_loss(mb_size)
+                    loss = loss + cfg.hterm_weight * h_loss
+                    hterm_sum += h_loss.detach()
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"],
@@ -330,9 +352,20 @@ class PPOAgent:
         self.iterations += 1
         means = (sums / (cfg.update_epochs * cfg.num_minibatches)).tolist()
         explained = 1.0 - float((b_ret - b_val).var() / (b_ret.var() + 1e-8))
-        return {"losses/policy": means[0], "losses/value": means[1], "losses/entropy": means[2],
-                "losses/approx_kl": means[3], "losses/clipfrac": means[4],
-                "losses/explained_variance": explained}
+        metrics = {"losses/policy": means[0], "losses/value": means[1],
+                   "losses/entropy": means[2], "losses/approx_kl": means[3],
+                   "losses/clipfrac": means[4], "losses/explained_variance": explained}
+        if self._hterm is not None:
+            metrics["losses/hterm"] = float(hterm_sum) / (cfg.update_epochs
+                                                          * cfg.num_minibatches)
+        return metrics
+
+    def _hterm_loss(self, n: int) -> torch.Tensor:
+        """The H-term (unweighted) on ``n`` transitions drawn from the memory."""
+        assert self._hterm is not None
+        obs, actions, r_norm = self._hterm.sample(n, self.generator)
+        logp, _ = self._logp_entropy(self._norm(obs), actions)
+        return hterm_loss(logp, r_norm, action_dims(self._raw_shape))
 
     def train_iteration(self, env: VecEnv) -> dict[str, float]:
         """One rollout of ``config.rollout_steps`` per copy, then its advantages and epochs."""
@@ -355,6 +388,8 @@ class PPOAgent:
         state["counters.env_steps"] = torch.tensor(self.env_steps, dtype=torch.int64)
         state["counters.iterations"] = torch.tensor(self.iterations, dtype=torch.int64)
         state["rng"] = self.generator.get_state()
+        if self._hterm is not None:
+            state.update(self._hterm.state_dict())
         return state
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor], keep_data: bool = False
@@ -362,8 +397,9 @@ class PPOAgent:
         """Restore ``state_dict`` output exactly; ``ConfigError`` names a bad tensor.
 
         Without ``rng`` the generator keeps the stream seeded at build (a child of a
-        checkpoint explores on its own seed). PPO keeps no data across iterations, so
-        ``keep_data`` changes nothing."""
+        checkpoint explores on its own seed). The only data PPO keeps across iterations is
+        the H-term's memory (``hterm.*``, with ``hterm`` on): restored from ``state``
+        unless ``keep_data``; a checkpoint without it leaves the memory empty."""
         counters = ("counters.env_steps", "counters.iterations")
         for name in counters:
             if name not in state:
@@ -374,7 +410,10 @@ class PPOAgent:
             raise ConfigError("state.rng", f"not a generator state ({rng.dtype}, "
                               f"{tuple(rng.shape)})", "pass a full PPO checkpoint")
         copy_state(self._live_tensors(),
-                   {k: v for k, v in state.items() if k not in (*counters, "rng")})
+                   {k: v for k, v in state.items()
+                    if k not in (*counters, "rng") and not k.startswith(HTermMemory.PREFIX)})
+        if self._hterm is not None and not keep_data:
+            self._hterm.load_state_dict(state)
         self.env_steps = int(state["counters.env_steps"])
         self.iterations = int(state["counters.iterations"])
         self._norm_cache = None

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from agents.base import AlgorithmSpec, SearchDim, check_sizes
+from agents.hterm import DEFAULT_WEIGHT, above_average, hterm_loss
 from agents.networks import TwinQ, flat_dim, frozen, gradient_step, mlp
 from agents.offpolicy import BoxActions, OffPolicyConfig, ReplayLoop
 from agents.replay import (
@@ -61,6 +62,7 @@ class SACConfig(OffPolicyConfig):
         "tau": SearchDim(0.002, 0.05, log=True),
         "batch_size": SearchDim(64, 1024, log=True, integer=True),
         "updates_per_iter": SearchDim(1, 64, log=True, integer=True),
+        "hterm_weight": SearchDim(0.01, 1.0, log=True),
     })
 
     tau: float = 0.02
@@ -83,12 +85,17 @@ class SACConfig(OffPolicyConfig):
     """Number of hidden layers."""
     checkpoint_replay: bool = False
     """Put the replay buffer in state_dict (big checkpoints, but exact resumption)."""
+    hterm: bool = False
+    """Add the H-term (``agents/hterm.py``) to the actor's loss: raise the probability of
+    replayed actions whose ``Q(s, a)`` beats their minibatch's mean. Off by default."""
+    hterm_weight: float = DEFAULT_WEIGHT
+    """Weight of the H-term in the actor's loss (read only with ``hterm``)."""
 
     def __post_init__(self) -> None:
         check_sizes(self)
         check_positive(self, "tau", "actor_lr", "critic_lr", "alpha_lr", "init_alpha")
         check_unit(self, "gamma", "tau")
-        check_nonnegative(self, "learning_starts")
+        check_nonnegative(self, "learning_starts", "hterm_weight")
 
 
 class Actor(nn.Module):
@@ -115,6 +122,14 @@ class Actor(nn.Module):
         # log|d tanh(u)/du| = 2 (log 2 - u - softplus(-2u)), the stable form
         log_prob = log_prob - (2.0 * (math.log(2.0) - pre - F.softplus(-2.0 * pre))).sum(-1)
         return torch.tanh(pre), log_prob
+
+    def log_density(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """Log-density of squashed ``action`` (in [-1, 1]) before the squash: the tanh
+        Jacobian does not depend on the policy, and near +-1 it would dwarf the rest."""
+        mean, log_std = self(obs)
+        pre = torch.atanh(action.clamp(-1.0 + 1e-6, 1.0 - 1e-6))
+        z = (pre - mean) / log_std.exp()
+        return (-0.5 * z.square() - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
 
 
 class SACAgent:
@@ -190,11 +205,17 @@ class SACAgent:
             action, log_prob = self.actor.sample(batch.obs, self._loop.sample_gen)
             q_pi = torch.min(*self.critic(batch.obs, action))
             actor_loss = (alpha * log_prob - q_pi).mean()
-            gradient_step(self.actor_opt, actor_loss)
+            if cfg.hterm:
+                h_loss = self._hterm_loss(batch)
+                gradient_step(self.actor_opt, actor_loss + cfg.hterm_weight * h_loss)
+            else:
+                gradient_step(self.actor_opt, actor_loss)
 
         metrics = {"losses/critic": critic_loss.detach(), "losses/actor": actor_loss.detach(),
                    "losses/q_mean": q1.detach().mean(), "losses/alpha": alpha,
                    "losses/entropy": -log_prob.detach().mean()}
+        if cfg.hterm:
+            metrics["losses/hterm"] = h_loss.detach()
         if cfg.autotune:
             alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
             gradient_step(self.alpha_opt, alpha_loss)
@@ -202,6 +223,17 @@ class SACAgent:
         polyak(self.critic_target, self.critic, cfg.tau)
         self.updates += 1
         return metrics
+
+    def _hterm_loss(self, batch: Batch) -> torch.Tensor:
+        """The H-term (unweighted) on ``batch``: its transitions whose ``Q(s, a)`` (the
+        critics' minimum, the return SAC expects) beats the batch mean, weighted by it."""
+        with torch.no_grad():
+            q = torch.min(*self.critic(batch.obs, batch.action))
+        keep, r_norm = above_average(q)
+        if keep.numel() == 0:  # every Q equal: nothing stands out
+            return torch.zeros((), device=self.device)
+        log_density = self.actor.log_density(batch.obs[keep], batch.action[keep])
+        return hterm_loss(log_density, r_norm, self._box.dim)
 
     def update(self, batch: Batch) -> dict[str, float]:
         """One gradient step of critics, actor and temperature on ``batch``."""
