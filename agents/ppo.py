@@ -388,7 +388,9 @@ class PPOAgent:
         state["counters.env_steps"] = torch.tensor(self.env_steps, dtype=torch.int64)
         state["counters.iterations"] = torch.tensor(self.iterations, dtype=torch.int64)
         state["rng"] = self.generator.get_state()
-        if self._hterm is not None:
+        if self._hterm is not None and len(self._hterm) > 0:
+            # only when it holds rows: a fresh agent's state has the layout of a checkpoint
+            # without them, which is what the updater's shape check compares against
             state.update(self._hterm.state_dict())
         return state
 

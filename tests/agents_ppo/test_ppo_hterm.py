@@ -15,8 +15,10 @@ from agents.learners import build_learners
 from agents.ppo import PPOAgent, PPOConfig
 from agents.registry import default_registry
 from broker.errors import ConfigError
+from broker.schemas import Checkpoint
 from envs.registry import make_env
 from leaderboard.mutation import fresh_hparams
+from leaderboard.updater import CheckpointValidator
 
 pytestmark = pytest.mark.timeout(60)
 SMALL = dict(num_envs=16, rollout_steps=8, num_minibatches=2, update_epochs=2, hidden_size=16)
@@ -103,6 +105,23 @@ def test_memory_is_in_the_state_and_restores_exactly() -> None:
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+def test_the_updater_accepts_a_checkpoint_with_a_memory() -> None:
+    agent, env = _agent(hterm=True)
+    for _ in range(2):
+        agent.train_iteration(env)  # type: ignore[arg-type]
+    hparams = {**SMALL, "hterm": True}
+    checkpoint = Checkpoint(
+        experiment="x", init_id="i" * 8, pod="p", algorithm="ppo", env="torch/Pendulum-v1",
+        hparams=hparams, state=agent.state_dict(), score_mean=0.0, score_std=0.0,
+        env_steps=agent.env_steps, wall_time=1.0)
+    assert checkpoint.state["hterm.obs"].shape[0] > 0
+    validator = CheckpointValidator(default_registry(), "torch/Pendulum-v1")
+    try:
+        validator.check(checkpoint)  # raises ConfigError naming a tensor when it rejects
+    finally:
+        validator.close()
 
 
 def test_states_cross_the_switch() -> None:
