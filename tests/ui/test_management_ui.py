@@ -4,8 +4,9 @@
 updater consume, headless Chromium (Debian's package, driven by playwright) logs in,
 opens Queues and must show the experiment's work queues with a consumer each and their
 dead-letter queues. The screenshot is the docs' one (``tests/ui/management_ui.py``
-makes it). Without Chromium or playwright the test skips, unless
-``PODRACER_REQUIRE_RABBITMQ=1`` (CI), where it fails like every broker test.
+makes it). Chromium is ``PODRACER_CHROMIUM``, else ``chromium`` on the PATH. Without
+Chromium or playwright the test skips, unless ``PODRACER_REQUIRE_RABBITMQ=1`` (CI),
+where it fails like every broker test.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def chromium() -> str:
         import playwright.sync_api  # noqa: F401
     except ImportError:
         _require("playwright", False)
-    path = shutil.which("chromium") or CHROMIUM
+    path = os.environ.get("PODRACER_CHROMIUM") or shutil.which("chromium") or CHROMIUM
     _require(f"Chromium ({path})", Path(path).is_file() and os.access(path, os.X_OK))
     return path
 
