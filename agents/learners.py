@@ -100,7 +100,9 @@ class LearnerGroup:
         states = [learner.state_dict() for learner in self.learners]
         fused = fuse_states(states)
         for learner, own in zip(self.learners, states, strict=True):
-            learner.load_state_dict({k: (v if _fused(k, v) else own[k])
+            # a data tensor only learner 0 has (its H-term memory holds rows, this
+            # learner's none yet) is passed on as it is: keep_data leaves it unread
+            learner.load_state_dict({k: (v if _fused(k, v) else own.get(k, v))
                                      for k, v in fused.items()}, keep_data=True)
 
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:

@@ -178,6 +178,11 @@ def test_learner_fusion_keeps_each_memory() -> None:
                            torch.device("cpu"), seed=1)
     group.train_iteration(envs[0])  # trains both learners and fuses them
     assert group.state_dict()["hterm.obs"].shape[0] > 0
+    # a learner whose memory is still empty (its returns all equal) fuses too
+    second = group.learners[1]  # type: ignore[attr-defined]
+    second._hterm.size = second._hterm.pos = 0
+    group.fuse()  # type: ignore[attr-defined]
+    assert len(second._hterm) == 0 and len(group.learners[0]._hterm) > 0  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(("hparams", "field"), [
