@@ -179,25 +179,33 @@ def show_queues(api: Management, experiment: str, screenshot: Path,
             page.fill("input[name=password]", api.password)
             page.click("input[type=submit]")
             page.click("#tabs a[href='#/queues']")
-            # only the work and dead-letter queues: the per-subscriber event queues
-            # (one per service and pod) would push them apart
-            page.check("#queues-filter-regex-mode")
-            page.fill("#queues-name", "^" + re.escape(prefix) + "(generator|updater)")
-            page.press("#queues-name", "Enter")
             # the list shows no consumer count by default: tick it in the "+/-" chooser
             page.click("#main .popup-options-link")
             page.check("input[name=queues-consumers]")
             # the chooser is taller than the window: its Close link lies below the fold
             page.get_by_text("Close", exact=True).dispatch_event("click")
             page.wait_for_selector(".form-popup-options", state="hidden")
-            page.wait_for_function(
-                """([table, prefix, names]) => {
-                  const rows = eval(table)();
-                  return names.every(n => rows[prefix + n] !== undefined)
-                    && ['generator', 'updater'].every(
-                         n => parseInt(rows[prefix + n]['Consumers'] || '0') >= 1);
-                }""", arg=[TABLE_JS, prefix, list(QUEUES)], polling=500)
-            rows = read_queue_table(page)
+            # only the work and dead-letter queues: the per-subscriber event queues
+            # (one per service and pod) would push them apart
+            pattern = "^" + re.escape(prefix) + "(generator|updater)"
+            wanted = sorted(prefix + short for short in QUEUES)
+            deadline = time.monotonic() + timeout_s
+            while True:
+                if (page.input_value("#queues-name") != pattern
+                        or not page.is_checked("#queues-filter-regex-mode")):
+                    # (re)apply: a refresh that lands while the page loads redraws the filter
+                    page.check("#queues-filter-regex-mode")
+                    page.fill("#queues-name", pattern)
+                    page.press("#queues-name", "Enter")
+                rows = read_queue_table(page)
+                if sorted(rows) == wanted and all(
+                        int(rows[prefix + short].get("Consumers") or 0) >= 1
+                        for short in ("generator", "updater")):
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the Queues page never showed {wanted} with "
+                                       f"consumers; it showed {sorted(rows)[:8]}")
+                page.wait_for_timeout(500)  # the page refreshes its stats every 5 s
             screenshot.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(screenshot), full_page=True)
             return rows
@@ -218,8 +226,9 @@ def capture(amqp_url: str, experiment: str, screenshot: Path, workdir: Path,
         api.delete_experiment(experiment)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python tests/ui/management_ui.py --out FILE``: the docs' screenshot."""
+def parse_and_capture(argv: list[str] | None = None) -> tuple[Path, dict[str, dict[str, str]]]:
+    """The command line's work: parse ``argv``, capture; return the screenshot's path and
+    the Queues table (the test calls this with the documented flags)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--broker", default=os.environ.get(
         "PODRACER_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"))
@@ -231,9 +240,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="podracer-ui-") as workdir:
         rows = capture(args.broker, args.name, Path(args.out), Path(workdir),
                        args.management, args.chromium)
+    return Path(args.out), rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python tests/ui/management_ui.py --out FILE``: the docs' screenshot."""
+    out, rows = parse_and_capture(argv)
     for name, cells in rows.items():
-        print(name, " | ".join(f"{k}: {v}" for k, v in cells.items() if k))
-    print(f"screenshot: {args.out}")
+        print(name, " | ".join(f"{k}: {v}" for k, v in cells.items() if k != "Name"))
+    print(f"screenshot: {out}")
     return 0
 
 

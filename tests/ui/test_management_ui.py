@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from management_ui import CHROMIUM, QUEUES, capture
+from management_ui import CHROMIUM, QUEUES, parse_and_capture
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(300)]
 
@@ -44,8 +44,10 @@ def chromium() -> str:
 
 def test_queues_page_shows_the_run(amqp_url: str, experiment: str, chromium: str,
                                    tmp_path: Path) -> None:
-    shot = tmp_path / "management_ui_queues.png"
-    rows = capture(amqp_url, experiment, shot, tmp_path, chromium=chromium)
+    # the documented command (docs/tutorials/management_ui.md), into tmp_path
+    shot, rows = parse_and_capture(["--broker", amqp_url, "--name", experiment,
+                                    "--chromium", chromium,
+                                    "--out", str(tmp_path / "management_ui_queues.png")])
 
     prefix = f"podracer.{experiment}."
     assert sorted(rows) == sorted(prefix + short for short in QUEUES), rows
