@@ -159,9 +159,10 @@ def draw_curves(curves: Sequence[Curve], dates: np.ndarray, path: Path, title: s
     days = dates.astype("datetime64[D]").astype(object)
     fig, ax = plt.subplots(figsize=(9, 4.8))
     try:
-        styles = {0: {"lw": 2.0}, 1: {"lw": 1.2, "ls": "--"}, 2: {"lw": 1.2, "ls": ":"}}
+        styles: list[dict[str, Any]] = [{"lw": 2.0}, {"lw": 1.2, "ls": "--"},
+                                        {"lw": 1.2, "ls": ":"}]
         for i, c in enumerate(curves):
-            style = styles.get(i, {"lw": 1.0}) if i < 3 else {"lw": 1.0}
+            style = styles[i] if i < len(styles) else {"lw": 1.0}
             ax.plot(days, 100 * (c.values / c.values[0] - 1.0),
                     label=f"{c.label}: {100 * c.metrics.cumulative_return:.1f}%, "
                           f"Sharpe {c.metrics.sharpe_ratio:.2f}", **style)

@@ -2,13 +2,15 @@
 
 * ``run_policy``: one portfolio (copy 0 of the env) trades every day of the env's
   window from its first day, with the env's rules (integer shares, ``hmax``, fees).
-* ``buy_and_hold``: the capital split equally over the stocks on the first day, one fee
-  ``cost`` on the amount bought, then held.
+* ``buy_and_hold``: the capital split equally over the stocks at the first close, one
+  fee ``cost`` on the amount bought, then held.
 * ``rebalanced``: equal weights restored at every close; each day pays ``cost`` on the
   value traded to get back to equal weights (the first day: on everything bought).
 
 Baselines hold fractional shares (a $1M book makes rounding negligible). Every curve
-holds the portfolio's value at each day's close, the first entry being the capital.
+holds the portfolio's value at each day's close, the first entry being the capital (the
+env's convention: the first close is when the first trade happens, so its fee shows
+from the second entry on).
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ def buy_and_hold(close: np.ndarray, capital: float, cost: float) -> np.ndarray:
     """Values ``[T]`` of equal-weight buy-and-hold of every column of ``close``."""
     _check(close, capital, cost)
     shares = capital / (1.0 + cost) / close.shape[1] / close[0]
-    return np.asarray(close @ shares, dtype=np.float64)
+    values = np.asarray(close @ shares, dtype=np.float64)
+    values[0] = capital  # as the env counts: the first close is the trade, fee unpaid yet
+    return values
 
 
 def rebalanced(close: np.ndarray, capital: float, cost: float) -> np.ndarray:
@@ -60,13 +64,14 @@ def rebalanced(close: np.ndarray, capital: float, cost: float) -> np.ndarray:
     _check(close, capital, cost)
     stocks = close.shape[1]
     values = np.empty(len(close))
-    values[0] = capital / (1.0 + cost)
+    values[0] = capital
+    invested = capital / (1.0 + cost)
     growth = close[1:] / close[:-1]
     for day, g in enumerate(growth, start=1):
-        held = values[day - 1] / stocks * g  # value per stock at today's close, drifted
+        held = invested / stocks * g  # value per stock at today's close, drifted
         before = float(held.sum())
         # trading |held - target| costs cost * that; solving target = (before - fee) / S
         # exactly needs a root find: the fee on the fee is below 1e-6 of it, so use before
         turnover = float(np.abs(held - before / stocks).sum())
-        values[day] = before - cost * turnover
+        values[day] = invested = before - cost * turnover
     return values

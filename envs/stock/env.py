@@ -122,8 +122,11 @@ class StockTradingEnv:
         self._turbulence = (None if features.turbulence is None else
                             torch.as_tensor(features.turbulence, dtype=torch.float64, device=dev))
         dim = 1 + 2 * self.num_stocks + self._indicators.shape[1] + (self._turbulence is not None)
-        self.single_observation_space = gymnasium.spaces.Box(-np.inf, np.inf, (dim,), np.float32)
-        self.single_action_space = gymnasium.spaces.Box(-1.0, 1.0, (self.num_stocks,), np.float32)
+        # typed as the VecEnv protocol declares them (a Box attribute would not match it)
+        self.single_observation_space: gymnasium.spaces.Space[Any] = gymnasium.spaces.Box(
+            -np.inf, np.inf, (dim,), np.float32)
+        self.single_action_space: gymnasium.spaces.Space[Any] = gymnasium.spaces.Box(
+            -1.0, 1.0, (self.num_stocks,), np.float32)
         n = num_envs
         self._cash = torch.zeros(n, dtype=torch.float64, device=dev)
         self._holdings = torch.zeros(n, self.num_stocks, dtype=torch.float64, device=dev)

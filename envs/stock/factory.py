@@ -79,7 +79,7 @@ def resolve_options(spec: StockSpec, given: Mapping[str, Any]) -> dict[str, Any]
     """Defaults, then the name's options, then ``given``; a key in both is an error."""
     both = sorted(set(spec.options) & set(given))
     if both:
-        raise ConfigError(both[0], f"given both in the env name and as an argument",
+        raise ConfigError(both[0], "given both in the env name and as an argument",
                           "give it in one place")
     unknown = sorted(set(given) - set(DEFAULTS))
     if unknown:
@@ -175,7 +175,7 @@ def make(
     (features from the rows before ``end_date``). Omitted keywords take the name's
     value, then the default (``DEFAULTS``; the trading ones are ``StockEnvConfig``'s).
     """
-    given = {k: v for k, v in dict(
+    given: dict[str, Any] = {k: v for k, v in dict(
         tickers=tickers, missing=missing, align=align, indicators=indicators,
         turbulence_window=turbulence_window, hmax=hmax, initial_cash=initial_cash,
         buy_cost=buy_cost, sell_cost=sell_cost, reward_scaling=reward_scaling,

@@ -25,6 +25,7 @@ The other keys are ``envs.stock.make``'s keywords: ``tickers`` and ``indicators`
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -75,7 +76,8 @@ def _number(kind: Callable[[str], Any]) -> Callable[[str, str], Any]:
         try:
             return kind(text)
         except ValueError:
-            raise ConfigError(field, f"{text!r} is not a{'n integer' if kind is int else ' number'}",
+            what = "an integer" if kind is int else "a number"
+            raise ConfigError(field, f"{text!r} is not {what}",
                               "fix the value in the env name") from None
     return parse
 
@@ -118,7 +120,7 @@ def _check_order(windows: Mapping[str, Window], name: str) -> None:
     if "validation" in windows and "train" not in windows:
         raise ConfigError("validation", f"{name} has a validation window but no train window",
                           "add train=START..END before it")
-    for (first, a), (second, b) in zip(given, given[1:], strict=False):
+    for (first, a), (second, b) in itertools.pairwise(given):
         if not a.end < b.start:
             raise ConfigError(second, f"{second} {b} does not start after {first} {a} ends",
                               f"make the windows follow each other: {', '.join(PHASES)}")

@@ -159,6 +159,7 @@ def test_training_and_validation_do_not_change_when_backtest_prices_do(tmp_path:
     _scramble_backtest_rows(sp500_path(), scrambled)
     extra = "&random_start=true&turbulence_threshold=80"
     real, fake = make(_name(sp500_path(), extra), 4), make(_name(scrambled, extra), 4)
+    assert isinstance(real, ValidatedStockEnv) and isinstance(fake, ValidatedStockEnv)
     assert _rollout(real, 700) == _rollout(fake, 700)  # beyond one episode: autoresets too
     assert (_rollout(real.validation_env(), 260)
             == _rollout(fake.validation_env(), 260))
