@@ -31,7 +31,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -44,7 +44,11 @@ from envs.stock.metrics import BacktestMetrics, backtest_metrics
 from envs.stock.spec import StockSpec, parse_spec, parse_window
 from leaderboard.store import Entry, LeaderboardStore
 
-Policy = Callable[[torch.Tensor], torch.Tensor]
+if TYPE_CHECKING:  # building the CLI parser should not import every algorithm
+    from leaderboard.export import Policy as ExportedPolicy
+
+Act = Callable[[torch.Tensor], torch.Tensor]
+"""Deterministic actions for a batch of observations (a ``leaderboard.export.Policy``)."""
 
 METRICS = (("cumulative return", "cumulative_return", True),
            ("annual return", "annual_return", True),
@@ -123,9 +127,9 @@ def baselines(where: Market) -> list[Curve]:
                   rebalanced(close, where.capital, where.cost))]
 
 
-def check_fits(policy: Any, env: StockTradingEnv) -> None:
+def check_fits(policy: ExportedPolicy, env: StockTradingEnv) -> None:
     """The policy observes and acts in the shapes of ``env`` (same tickers, indicators)."""
-    space = getattr(policy, "observation_space", None)
+    space = policy.observation_space
     shape = env.single_observation_space.shape
     if space is not None and space.shape != shape:
         raise ConfigError("--csv", f"the policy observes {space.shape}, this data gives {shape} "
@@ -193,7 +197,7 @@ class Snapshot:
     curve: Curve
 
 
-def backtest_snapshots(store: LeaderboardStore, build: Callable[[Sequence[str]], Any],
+def backtest_snapshots(store: LeaderboardStore, build: Callable[[Sequence[str]], Act],
                        where: Market) -> list[Snapshot]:
     """Every checkpoint of ``store`` alone on ``where``, in the order they were made."""
     from podracer.report import run_start
@@ -342,7 +346,7 @@ def _snapshots(args: argparse.Namespace, store: LeaderboardStore, where: Market,
                device: str) -> int:
     from leaderboard.export import policy_from_store
 
-    def build(ids: Sequence[str]) -> Any:
+    def build(ids: Sequence[str]) -> Act:
         policy = policy_from_store(store, ids, device)
         check_fits(policy, where.env)
         return policy

@@ -1,7 +1,9 @@
 """FinRL-style stock trading: CSV loaders, indicators, a batched torch env, backtest metrics.
 
 ``make(path, num_envs, device, **kwargs)`` is what the env registry calls for
-``stock/<csv path>``; the pieces are importable on their own for backtests.
+``stock/<csv path>[?train=...&validation=...&backtest=...&key=value]`` (the name's
+options: ``envs.stock.spec``); ``phase_env`` builds one window's env, and
+``envs.stock.backtest`` the equity curves a backtest compares.
 """
 
 from envs.stock.backtest import buy_and_hold, rebalanced, run_policy
