@@ -288,9 +288,9 @@ def _where_text(where: Market) -> str:
     return text
 
 
-def _market_of(args: argparse.Namespace, env_name: str) -> Market:
+def _market_of(args: argparse.Namespace, env_name: str, device: str) -> Market:
     return market(env_name, csv_path=args.csv, start=args.start, end=args.end,
-                  capital=args.capital, cost=args.cost, device=args.device or "cpu")
+                  capital=args.capital, cost=args.cost, device=device)
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
@@ -321,12 +321,12 @@ def cmd_backtest(args: argparse.Namespace) -> int:
                 raise ConfigError("--store", f"no checkpoints in {args.store}", "train first")
             env_name = best[0].env
             if args.snapshots:
-                return _snapshots(args, store, _market_of(args, env_name), device)
+                return _snapshots(args, store, _market_of(args, env_name, device), device)
             policy = policy_from_store(store, [e.id for e in best], device)
         label = (f"top-{len(best)} ensemble" if len(best) > 1
                  else f"best ({best[0].algorithm} {best[0].id[:12]})")
         out_dir = Path(args.store)
-    where = _market_of(args, env_name)
+    where = _market_of(args, env_name, device)
     check_fits(policy, where.env)
     started = time.perf_counter()
     values = run_policy(policy, where.env)
