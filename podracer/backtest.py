@@ -217,7 +217,8 @@ def backtest_snapshots(store: LeaderboardStore, build: Callable[[Sequence[str]],
 
 def draw_snapshots(snapshots: Sequence[Snapshot], markets: Sequence[Curve], path: Path,
                    title: str) -> Path:
-    """``path``: each snapshot's out-of-sample return against its training time."""
+    """``path``: left, each snapshot's out-of-sample return against its training time;
+    right, the same return against the validation score the leaderboard ranked it by."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -226,31 +227,52 @@ def draw_snapshots(snapshots: Sequence[Snapshot], markets: Sequence[Curve], path
     from podracer.report import colours
 
     palette = colours(sorted({s.entry.algorithm for s in snapshots}))
-    fig, ax = plt.subplots(figsize=(9, 4.8))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8),
+                                      gridspec_kw={"width_ratios": [3, 2]})
     try:
         for algorithm, colour in palette.items():
             mine = [s for s in snapshots if s.entry.algorithm == algorithm]
-            ax.scatter([s.seconds for s in mine],
-                       [100 * s.curve.metrics.cumulative_return for s in mine],
-                       s=16, color=colour, label=algorithm, alpha=0.8)
+            returns = [100 * s.curve.metrics.cumulative_return for s in mine]
+            left.scatter([s.seconds for s in mine], returns, s=16, color=colour,
+                         label=algorithm, alpha=0.8)
+            right.scatter([s.entry.score_mean for s in mine], returns, s=16, color=colour,
+                          alpha=0.8)
         best = _best_so_far(snapshots)
-        ax.step([s.seconds for s in best], [100 * s.curve.metrics.cumulative_return for s in best],
-                where="post", color="black", lw=1.2,
-                label="leaderboard best so far (ranked on validation)")
+        xs = [s.seconds for s in best] + [snapshots[-1].seconds]
+        ys = [100 * s.curve.metrics.cumulative_return for s in best]
+        left.step(xs, [*ys, ys[-1]], where="post", color="black", lw=1.2,
+                  label="leaderboard best so far (ranked on validation)")
         for c, style in zip(markets, ("--", ":"), strict=False):
-            ax.axhline(100 * c.metrics.cumulative_return, color="grey", ls=style, lw=1.0,
-                       label=c.label)
-        ax.set_xlabel("training wall time (s)")
-        ax.set_ylabel("out-of-sample cumulative return (%)")
-        ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
+            for ax in (left, right):
+                ax.axhline(100 * c.metrics.cumulative_return, color="grey", ls=style, lw=1.0,
+                           label=c.label if ax is left else None)
+        left.set_xlabel("training wall time (s)")
+        left.set_ylabel("out-of-sample cumulative return (%)")
+        left.set_title(title, fontsize=10)
+        left.legend(fontsize=8)
+        right.set_xlabel("validation score (the leaderboard's ranking)")
+        right.set_title(f"does validation predict the backtest? rank correlation "
+                        f"{_rank_correlation(snapshots):.2f}", fontsize=10)
+        for ax in (left, right):
+            ax.grid(alpha=0.3)
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110)
     finally:
         plt.close(fig)
     return path
+
+
+def _rank_correlation(snapshots: Sequence[Snapshot]) -> float:
+    """Spearman's correlation of validation score and out-of-sample return (NaN if < 3)."""
+    if len(snapshots) < 3:
+        return float("nan")
+    ranks = [np.argsort(np.argsort(values)) for values in (
+        [s.entry.score_mean for s in snapshots],
+        [s.curve.metrics.cumulative_return for s in snapshots])]
+    if ranks[0].std() == 0 or ranks[1].std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ranks[0], ranks[1])[0, 1])
 
 
 def _best_so_far(snapshots: Sequence[Snapshot]) -> list[Snapshot]:
@@ -363,7 +385,8 @@ def _snapshots(args: argparse.Namespace, store: LeaderboardStore, where: Market,
     print(format_metrics([*(dataclasses.replace(s.curve, label=f"{s.seconds:7.0f}s "
                                                 + s.curve.label) for s in best), *markets]))
     print(f"{len(snapshots)} snapshots (rows above: each leaderboard best when it was made); "
-          f"chart {chart}; table {table}")
+          f"rank correlation of validation score and out-of-sample return "
+          f"{_rank_correlation(snapshots):.2f}; chart {chart}; table {table}")
     return 0
 
 
