@@ -6,6 +6,10 @@ count is fixed *before* running: copy ``i`` contributes its first ``k_i`` episod
 with the ``k_i`` spread as evenly as possible (with 32 copies and 32 episodes, every
 copy's first episode). Counting "whichever episodes finish first" instead would favour
 short episodes, which in many envs are the failures.
+
+An env that holds out validation data of its own (``HoldsOutValidation``: a stock env
+whose name gives a validation window) is scored on its ``validation_env()`` instead, so
+every score (in a round, by the updater, by ``podracer evaluate``) ranks on it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import dataclasses
 import logging
 import math
 from collections.abc import Callable, Mapping
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -21,6 +26,15 @@ from broker.errors import ConfigError, PodracerError
 from envs.base import VecEnv
 
 log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class HoldsOutValidation(Protocol):
+    """An env whose evaluations score on held-out days of its own."""
+
+    def validation_env(self) -> VecEnv:
+        """The env to score on: as many copies, the validation data."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +69,8 @@ def evaluate(
     """
     if episodes < 1:
         raise ConfigError("episodes", f"must be >= 1, got {episodes}")
+    if isinstance(env, HoldsOutValidation):
+        env = env.validation_env()
     obs, _ = env.reset(seed=seed)
     device = obs.device
     targets = _targets(episodes, env.num_envs, device)

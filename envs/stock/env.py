@@ -122,8 +122,11 @@ class StockTradingEnv:
         self._turbulence = (None if features.turbulence is None else
                             torch.as_tensor(features.turbulence, dtype=torch.float64, device=dev))
         dim = 1 + 2 * self.num_stocks + self._indicators.shape[1] + (self._turbulence is not None)
-        self.single_observation_space = gymnasium.spaces.Box(-np.inf, np.inf, (dim,), np.float32)
-        self.single_action_space = gymnasium.spaces.Box(-1.0, 1.0, (self.num_stocks,), np.float32)
+        # typed as the VecEnv protocol declares them (a Box attribute would not match it)
+        self.single_observation_space: gymnasium.spaces.Space[Any] = gymnasium.spaces.Box(
+            -np.inf, np.inf, (dim,), np.float32)
+        self.single_action_space: gymnasium.spaces.Space[Any] = gymnasium.spaces.Box(
+            -1.0, 1.0, (self.num_stocks,), np.float32)
         n = num_envs
         self._cash = torch.zeros(n, dtype=torch.float64, device=dev)
         self._holdings = torch.zeros(n, self.num_stocks, dtype=torch.float64, device=dev)
@@ -197,16 +200,26 @@ class StockTradingEnv:
 
     def _buy(self, want: torch.Tensor, order: torch.Tensor, price: torch.Tensor,
              cash: torch.Tensor, holdings: torch.Tensor, cost: torch.Tensor) -> torch.Tensor:
-        """Buy ``want`` shares stock by stock in ``order``, each limited by the cash left."""
-        unit = price * (1.0 + self.config.buy_cost)
-        for rank in range(self.num_stocks):
-            column = order[:, rank : rank + 1]
-            unit_s = unit.gather(1, column).squeeze(1)
-            count = torch.minimum(want.gather(1, column).squeeze(1), torch.floor(cash / unit_s))
+        """Buy ``want`` shares stock by stock in ``order``, each limited by the cash left.
+
+        The ranks a copy can pay in full (a prefix of ``order``: spending only grows) are
+        bought at once; from its first unaffordable rank on, one rank at a time. Wants
+        are sorted largest first, so the loop stops at the last positive one."""
+        unit = (price * (1.0 + self.config.buy_cost)).gather(1, order)
+        want = want.gather(1, order)
+        # the margin leaves a rank within rounding of the cash to the exact loop below
+        fits = torch.cumsum(want * unit, dim=1) <= cash[:, None] * (1.0 - 1e-12)
+        count = torch.where(fits, want, 0.0)
+        cash = cash - (count * unit).sum(dim=1)
+        start, stop = int(fits.sum(dim=1).min()), int((want > 0).sum(dim=1).max())
+        for rank in range(start, stop):
+            unit_r = unit[:, rank]
+            more = torch.minimum(want[:, rank], torch.floor(cash / unit_r)) * ~fits[:, rank]
             # Rounding in cash / unit can leave -1e-10 of cash; it is not a real overdraft.
-            cash = (cash - count * unit_s).clamp(min=0.0)
-            cost += count * price.gather(1, column).squeeze(1) * self.config.buy_cost
-            holdings.scatter_add_(1, column, count[:, None])
+            cash = (cash - more * unit_r).clamp(min=0.0)
+            count[:, rank] += more
+        cost += (count * price.gather(1, order)).sum(dim=1) * self.config.buy_cost
+        holdings.scatter_add_(1, order, count)
         return cash
 
     def step(self, action: torch.Tensor) -> StepResult:

@@ -143,3 +143,24 @@ def test_load_policy_as_documented(store: Path, tmp_path: Path) -> None:
     policy = package.load_policy(policy_file)
     actions = policy(torch.zeros(4, 3))
     assert actions.shape == (4, 1)
+
+
+@pytest.mark.timeout(300)
+def test_stock_commands_run(tmp_path: Path) -> None:
+    """docs/tutorials/stock.md and the README's stock section, with a 40 s training."""
+    run = tmp_path / "stock_sp20"
+    trained = ok(run_podracer("train", "examples/stock_sp20.toml", "--budget", "40s",
+                              "--round-budget", "15s", "--out", str(run), "--quiet",
+                              timeout=200))
+    assert "validation=2018-05-13..2019-05-12" in trained
+    top3 = ok(run_podracer("backtest", "--store", str(run), "--top", "3"))
+    assert "2019-05-13 .. 2021-05-26 (515 trading days, 20 stocks)" in top3
+    assert "buy-and-hold (equal weight)" in top3 and (run / "backtest.png").is_file()
+    snapshots = ok(run_podracer("backtest", "--store", str(run), "--snapshots"))
+    assert "snapshots" in snapshots and (run / "snapshots.png").is_file()
+    policy = tmp_path / "stock.podracer"
+    ok(run_podracer("export", "--store", str(run), "--top", "3", "--out", str(policy)))
+    assert "rebalanced daily" in ok(run_podracer("backtest", str(policy)))
+    year = ok(run_podracer("backtest", str(policy), "--start", "2020-01-01", "--end",
+                           "2020-12-31", "--capital", "100000", "--cost", "0.001"))
+    assert "capital 100,000, cost 0.1%" in year and "WARNING" not in year
