@@ -68,7 +68,8 @@ class Settings:
 
 def default_experiment(env: str = DEFAULT_ENV, **overrides: Any) -> Experiment:
     """An experiment for ``env`` with Podracer's defaults (used when no file is given)."""
-    name = "".join(c if c.isalnum() or c in "_-" else "-" for c in env.split("/")[-1]).lower()
+    stem = env.split("?")[0].split("/")[-1]  # a stock env's windows are not part of its name
+    name = "".join(c if c.isalnum() or c in "_-" else "-" for c in stem).lower()[:64]
     data: dict[str, Any] = {
         "name": name.strip("-") or "default",
         "env": env,

@@ -127,3 +127,11 @@ def test_registry_checks_algorithms_and_pinned_hparams() -> None:
         parse_experiment(with_(hparams={"ppo": {"gamma": 0.9}}), check=check)
     with pytest.raises(ConfigError, match=r"hparams\.ppo\.num_envs: expected an integer"):
         parse_experiment(with_(hparams={"ppo": {"num_envs": "many"}}), check=check)
+
+
+def test_default_name_of_a_stock_env_leaves_its_windows_out() -> None:
+    from broker.settings import default_experiment
+
+    env = ("stock/../shared/data/sp500_20_adjclose_daily.csv.gz?train=2016-01-01..2018-05-12"
+           "&validation=2018-05-13..2019-05-12&backtest=2019-05-13..2021-05-26")
+    assert default_experiment(env).name == "sp500_20_adjclose_daily-csv-gz"
