@@ -17,6 +17,15 @@ state, hyperparameters):
 * a branch carries its parent's state with hyperparameters mutated inside the
   algorithm's search space (PBT exploit/explore). Pinned hyperparameters of the
   experiment are never mutated.
+
+Start and stop: the planner derives the population from the store alone, so a
+generator that starts on an existing store (``podracer train --resume``, or a
+restarted service) carries on its lineages and generations. What it does not know is
+which rounds an earlier generator left waiting in the queue: it purges the
+``generator`` queue's *ready* messages when it starts (a round a pod already holds is
+not ready and is not touched) and issues afresh, so no round runs twice. When it
+stops it issues nothing more and purges again: no initialization is left waiting for
+pods that will never come.
 """
 
 from __future__ import annotations
@@ -130,7 +139,7 @@ async def keep_stocked(ctx: ServiceContext[Settings], transport: Transport,
     changed = asyncio.Event()
 
     async def follow() -> None:
-        async with transport.subscribe(["leaderboard.changed"]) as events:
+        async with transport.subscribe(["leaderboard.changed"], service="generator") as events:
             async for _ in events:
                 changed.set()
 
@@ -171,6 +180,7 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
     with LeaderboardStore(settings.store) as store:
         async with connect(experiment=settings.experiment.name, blobs=blobs) as transport:
             maker = InitializationMaker(settings.experiment, registry, strategies, store)
+            await purge_waiting(transport, "left by an earlier generator")
             ctx.heartbeat(transport, role="generator")
             stop_task = asyncio.create_task(watch_stop(ctx, transport))
             try:
@@ -178,5 +188,19 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
             finally:
                 stop_task.cancel()
                 await asyncio.gather(stop_task, return_exceptions=True)
+                await purge_waiting(transport, "no pod will train them now")
     log.info("generator stopped after %d initializations", published)
     return 0
+
+
+async def purge_waiting(transport: Transport, why: str) -> int:
+    """Drop the initializations waiting in the ``generator`` queue (never one a pod
+    holds); logs how many and ``why``. A broker failure is only logged."""
+    try:
+        dropped = await transport.purge("generator")
+    except BrokerError as exc:
+        log.warning("generator queue not purged: %s", exc)
+        return 0
+    if dropped:
+        log.info("dropped %d waiting initialization(s): %s", dropped, why)
+    return dropped
