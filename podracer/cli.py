@@ -254,9 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.set_defaults(func=cmd_serve)
 
-    from podracer import inspect_cli, layers, report, status_cli
+    from podracer import inspect_cli, layers, lifecycle_cli, report, status_cli
 
     status_cli.add_command(sub, _add_common)
+    lifecycle_cli.add_commands(sub, _add_common)
     inspect_cli.add_commands(sub, _add_common)
     layers.add_command(sub, _add_common)
     report.add_command(sub, _add_common)
