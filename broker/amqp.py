@@ -28,7 +28,7 @@ Choices worth knowing:
   is nacked back to its queue. A crash in between can leave a copy in both places (at
   least once), never in neither. Dead-lettering by the broker itself (delivery limit)
   stays RabbitMQ's, with its ``x-death`` header.
-- Subscriber queues are exclusive and named ``podracer.<exp>.events.<role>.<host>-<pid>.<n>``
+- Subscriber queues are exclusive and named ``podracer.<exp>.events.<role>.<host>-<pid>.<random>``
   (``Topology.subscriber``), so the management UI says who reads each.
 - ``amqps://`` uses TLS; ``PODRACER_TLS_CA``, ``PODRACER_TLS_CERT`` and
   ``PODRACER_TLS_KEY`` (file paths) configure the CA bundle and a client certificate
@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import itertools
 import logging
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -122,7 +122,6 @@ class AmqpTransport:
         self._closed = False
         self.service = service or service_label()
         """Who this is, in the ``x-podracer-service`` header of what it dead-letters."""
-        self._subscribers = itertools.count(1)
 
     @property
     def topology(self) -> Topology:
@@ -387,7 +386,7 @@ class AmqpTransport:
                 self._topology.events, aio_pika.ExchangeType.TOPIC, durable=True)
             # exclusive: it dies with the connection; aio-pika re-declares it on reconnect
             name = self._topology.subscriber(service or process_role(),
-                                             f"{process_id()}.{next(self._subscribers)}")
+                                             f"{process_id()}.{uuid.uuid4().hex[:6]}")
             queue = await channel.declare_queue(
                 name, exclusive=True,
                 arguments={"x-max-length": SUBSCRIBER_BACKLOG, "x-overflow": "drop-head"})

@@ -9,7 +9,7 @@ Every name lives under the experiment's namespace ``podracer.<experiment>.``:
 ``dlx``                    direct exchange the work queues dead-letter into
 ``<queue>.dead``           durable queue bound to ``dlx`` with key ``<queue>.dead``
 ``events.<service>.<who>``  a subscriber's exclusive queue, named after the service
-                           that reads it and ``<host>-<pid>.<n>`` (gone with its
+                           that reads it and ``<host>-<pid>.<random>`` (gone with its
                            connection)
 =========================  ===================================================
 
@@ -143,7 +143,8 @@ class Topology:
 
     def subscriber(self, service: str, who: str) -> str:
         """Name of a subscriber queue: ``<prefix>.events.<service>.<who>``, so the
-        management UI says who reads it (``who`` is ``<host>-<pid>.<n>``)."""
+        management UI says who reads it (``who`` is ``<host>-<pid>.<random>``: unique
+        even within one process)."""
         return f"{self.events}.{_word(service)}.{who}"
 
     @property
