@@ -11,8 +11,10 @@ after its services run::
             print(letter.id, letter.reason)
 
 * **Clean ends.** ``delete_idle`` deletes every queue of the experiment that is empty
-  and has no consumer (``queue.delete`` with ``if-empty`` and ``if-unused``: the broker
-  decides atomically, so a checkpoint not yet stored or a dead letter is never lost).
+  and has no consumer: a dead-letter (classic) queue with ``queue.delete`` ``if-empty``
+  and ``if-unused``, so the broker decides atomically and a dead letter is never lost;
+  a work (quorum) queue after a passive check, because quorum queues refuse those flags
+  (``podracer train`` calls it once every service of the run has exited).
 * **Expiry.** ``set_expiry`` puts a policy (``expires``) on the experiment's work
   queues through the management API: RabbitMQ deletes them once unused that long
   (``broker.topology`` says why a policy and not a queue argument). Dead-letter
@@ -206,6 +208,14 @@ class BrokerAdmin:
 
     # -------------------------------------------------------------- queues
 
+    def running(self) -> QueueInfo | None:
+        """The ``updater`` queue if something consumes it (the experiment runs: it has
+        one updater), else None. Pods alone do not count: pods orphaned by a killed
+        ``train`` keep consuming the ``generator`` queue, and a resumed run puts them
+        to work (its ``control.stop`` ends them)."""
+        found = self._passive(self.topology.updater)
+        return found if found is not None and found.consumers else None
+
     def queues(self) -> list[QueueInfo]:
         """The work and dead-letter queues that exist (missing ones left out)."""
         found = []
@@ -327,8 +337,16 @@ class BrokerAdmin:
         return QueueInfo(name, int(ok.method.message_count), int(ok.method.consumer_count))
 
     def _delete_queue(self, name: str, *, if_idle: bool) -> bool:
-        if self._passive(name) is None:
+        found = self._passive(name)
+        if found is None:
             return False
+        if if_idle and name in self.topology.work_queues:
+            # Quorum queues refuse queue.delete with if-empty/if-unused (NOT_IMPLEMENTED),
+            # so the check is ours: a message published between it and the delete would
+            # go with the queue. Called once every service of the run has exited.
+            if found.ready or found.consumers:
+                return False
+            if_idle = False
         try:
             self._call(lambda ch: ch.queue_delete(name, if_unused=if_idle, if_empty=if_idle),
                        what=name)

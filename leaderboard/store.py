@@ -322,7 +322,7 @@ class Spent:
     """Env steps summed over every checkpoint (the env-step budget counts these)."""
     seconds: float
     """Wall seconds during which at least one stored round was training (the union of
-    the rounds' ``[created - wall_time, stored]`` intervals): time between two sessions
+    the rounds' ``[created - wall_time, created]`` intervals): time between two sessions
     of a resumed run is not counted."""
     best: Entry | None
     generation: int
@@ -330,13 +330,13 @@ class Spent:
     started: float | None
     """Epoch seconds when the first stored round started (None while empty)."""
     last: float | None
-    """Epoch seconds when the last checkpoint was stored (None while empty)."""
+    """Epoch seconds when the last stored round ended (None while empty)."""
 
 
 def spent(store: LeaderboardStore) -> Spent:
     """What ``store`` has spent so far (see ``Spent``); read-only."""
-    rows = store._query("SELECT created - wall_time AS start, MAX(created, stored) AS stop, "
-                        "generation FROM checkpoints ORDER BY start")
+    rows = store._query("SELECT created - wall_time AS start, created AS stop, generation "
+                        "FROM checkpoints ORDER BY start")
     seconds, reach = 0.0, float("-inf")
     for row in rows:
         start, stop = float(row["start"]), float(row["stop"])

@@ -2,7 +2,7 @@
 
 * ``ls`` lists every experiment of a runs directory (and, with ``--broker``, every one
   the broker holds queues of) with its state: *running* (its ``train`` process is
-  alive on this host, or its work queues have consumers), *finished* (the last
+  alive on this host, or its ``updater`` queue has a consumer), *finished* (the last
   session ended at its target or budget), *interrupted* (Ctrl-C, or the process died:
   ``podracer train --resume`` carries on), or *failed*.
 * ``clean <exp>`` deletes the experiment's queues, exchanges and expiry policy
@@ -136,7 +136,7 @@ def experiment_rows(runs: Path, broker: str | None,
         for name, queues in experiments_on(Management.of(broker, management)).items():
             row = rows.setdefault(name, Row(name, state="queues only"))
             row.dead = str(sum(q.ready for q in queues if q.name.endswith(".dead")))
-            if any(q.consumers for q in queues):
+            if any(q.consumers for q in queues if q.name.endswith(".updater")):
                 row.state = "running"
     return sorted(rows.values(), key=lambda r: r.name)
 
@@ -182,10 +182,10 @@ def cmd_clean(args: argparse.Namespace) -> int:
                           "stop it first (Ctrl-C), then clean")
     if broker:
         with BrokerAdmin(broker, name) as admin:
-            busy = [q for q in admin.queues() if q.consumers]
-            if busy:
-                raise ConfigError("experiment", f"{name} is running: {busy[0].name} has "
-                                  f"{busy[0].consumers} consumer(s)", "stop it first")
+            busy = admin.running()
+            if busy is not None:
+                raise ConfigError("experiment", f"{name} is running: {busy.name} has "
+                                  f"{busy.consumers} consumer(s)", "stop it first")
             deleted = admin.delete_all()
         try:
             Management.of(broker, args.management).clear_expiry(name)

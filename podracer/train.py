@@ -428,10 +428,10 @@ def _prepare_broker(url: str, experiment: str, resume: bool, expiry_s: float) ->
     from broker.lifecycle import BrokerAdmin, Management
 
     with BrokerAdmin(url, experiment) as admin:
-        busy = [q for q in admin.queues() if q.consumers]
-        if busy:
+        busy = admin.running()
+        if busy is not None:
             raise ConfigError("--name", f"experiment {experiment!r} is running on this broker "
-                              f"({busy[0].name} has {busy[0].consumers} consumer(s))",
+                              f"({busy.name} has {busy.consumers} consumer(s))",
                               "stop it first (podracer status), or use another --name")
         if not resume:
             for queue in ("generator", "updater"):
