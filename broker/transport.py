@@ -113,7 +113,9 @@ def process_role(argv: Sequence[str] | None = None) -> str:
     if "serve" in args[1:-1]:
         return args[args.index("serve", 1) + 1]
     program = os.path.basename(args[0]) if args else ""
-    if program in ("podracer", "__main__.py") and len(args) > 1:
+    if program == "__main__.py":  # python -m <package>
+        program = os.path.basename(os.path.dirname(args[0]))
+    if program == "podracer" and len(args) > 1:
         return args[1]
     return program.removesuffix(".py") or "python"
 

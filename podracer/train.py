@@ -449,13 +449,15 @@ def _prepare_broker(url: str, experiment: str, resume: bool, expiry_s: float) ->
 def _clean_end(url: str, experiment: str) -> None:
     """After the services have exited: no initialization left waiting, and every queue
     that is empty and unused deleted (what holds a checkpoint or a dead letter stays)."""
-    from broker.lifecycle import BrokerAdmin
+    from broker.lifecycle import BrokerAdmin, Management
 
     try:
         with BrokerAdmin(url, experiment) as admin:
             dropped = admin.purge("generator")
             deleted = admin.delete_idle()
             left = admin.queues()
+        if not left:  # nothing left to expire
+            Management.of(url).clear_expiry(experiment)
     except BrokerError as exc:
         log.warning("queues of %s not cleaned up: %s (`podracer clean %s` does it)",
                     experiment, exc, experiment)
