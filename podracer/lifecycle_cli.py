@@ -131,12 +131,17 @@ def experiment_rows(runs: Path, broker: str | None,
             if row is not None:
                 rows[row.name] = row
     if broker:
-        from broker.lifecycle import Management, experiments_on
+        from broker.lifecycle import BrokerAdmin, Management, experiments_on
 
-        for name, queues in experiments_on(Management.of(broker, management)).items():
+        # the management API knows which experiments exist; AMQP says how many messages
+        # now (the API's counts lag by its stats interval)
+        for name in experiments_on(Management.of(broker, management)):
+            with BrokerAdmin(broker, name) as admin:
+                queues = admin.queues()
+                busy = admin.running()
             row = rows.setdefault(name, Row(name, state="queues only"))
             row.dead = str(sum(q.ready for q in queues if q.name.endswith(".dead")))
-            if any(q.consumers for q in queues if q.name.endswith(".updater")):
+            if busy is not None:
                 row.state = "running"
     return sorted(rows.values(), key=lambda r: r.name)
 
