@@ -162,6 +162,9 @@ def test_interrupted_run_resumes_to_one_continuous_run(
     # the budget spent in total: the asked one, within one round (plus a start-up)
     assert BUDGET_S - 2 * ROUND_S <= done.seconds <= BUDGET_S + 2 * ROUND_S, done
     sessions = _sessions(out)
+    print(f"{how}: {len(before_ids)} checkpoints before, {len(after_ids)} after; best "
+          f"{before_best:.1f} -> {after_best:.1f}; generation {before_generation} -> "
+          f"{after_generation}; spent {done.seconds:.1f} s of {BUDGET_S:.0f} s")
     assert len(sessions) == 2 and sessions[-1]["state"] == "finished"
     # a clean end: every queue of the experiment is gone (they were all empty)
     assert _queues(amqp_url, experiment) == {}, logs[-3000:]
