@@ -21,6 +21,15 @@ Choices worth knowing:
 - aio-pika / aiormq exceptions (``broker.amqp_inbox.BROKER_ERRORS``) never leave this
   module or ``broker.amqp_inbox``: they are translated into ``broker.errors`` (or, when
   settling a delivery, logged).
+- ``reject`` cannot add headers with ``basic.reject``, so a refused message is
+  *published* to the ``dlx`` exchange (same body and properties, plus the
+  ``x-podracer-*`` headers of ``broker.transport``) on the confirm channel, and only
+  once RabbitMQ confirmed it is the original acked; if that publish fails the original
+  is nacked back to its queue. A crash in between can leave a copy in both places (at
+  least once), never in neither. Dead-lettering by the broker itself (delivery limit)
+  stays RabbitMQ's, with its ``x-death`` header.
+- Subscriber queues are exclusive and named ``podracer.<exp>.events.<role>.<host>-<pid>.<random>``
+  (``Topology.subscriber``), so the management UI says who reads each.
 - ``amqps://`` uses TLS; ``PODRACER_TLS_CA``, ``PODRACER_TLS_CERT`` and
   ``PODRACER_TLS_KEY`` (file paths) configure the CA bundle and a client certificate
   (``broker.tls``).
@@ -58,14 +67,21 @@ from broker.schemas import Message
 from broker.tls import ssl_context_from_env
 from broker.topology import DEAD_QUEUE_ARGS, WORK_QUEUES, Topology
 from broker.transport import (
+    BROKER_DEATH_HEADERS,
     DEFAULT_PUBLISH_TRIES,
     SUBSCRIBER_BACKLOG,
+    DeadLetterInfo,
     Delivery,
     check_pattern,
     check_prefetch,
     check_queue,
+    dead_letter_headers,
+    describe_dead,
     encode,
+    process_id,
+    process_role,
     redact,
+    service_label,
 )
 
 if TYPE_CHECKING:
@@ -82,7 +98,7 @@ class AmqpTransport:
         self, url: str, *, experiment: str, blobs: BlobStore | None = None,
         inline_limit: int = DEFAULT_INLINE_LIMIT, publish_tries: int = DEFAULT_PUBLISH_TRIES,
         backoff: float = 0.5, confirm_timeout: float = 30.0, reconnect_interval: float = 1.0,
-        watch_interval: float = 1.0, cancel_grace: float = 30.0,
+        watch_interval: float = 1.0, cancel_grace: float = 30.0, service: str | None = None,
     ) -> None:
         if publish_tries < 1:
             raise ConfigError("publish_tries", f"must be >= 1, got {publish_tries}", "use 5")
@@ -104,6 +120,8 @@ class AmqpTransport:
         self._lock = asyncio.Lock()
         self._inboxes: set[asyncio.Queue[InboxItem]] = set()
         self._closed = False
+        self.service = service or service_label()
+        """Who this is, in the ``x-podracer-service`` header of what it dead-letters."""
 
     @property
     def topology(self) -> Topology:
@@ -254,7 +272,8 @@ class AmqpTransport:
             self._consume_conn, channel, tag, name, inbox,
             interval=self.watch_interval, grace=self.cancel_grace))
         try:
-            yield AmqpDeliveries(inbox, name, expect, self.blobs, self._topology.experiment)
+            yield AmqpDeliveries(inbox, name, expect, self.blobs, self._topology.experiment,
+                                 self.dead_letter)
         finally:
             self._inboxes.discard(inbox)
             watchdog.cancel()
@@ -266,11 +285,93 @@ class AmqpTransport:
             with suppress(*BROKER_ERRORS):
                 await channel.close()
 
+    async def dead_letter(self, raw: AbstractIncomingMessage, reason: str) -> None:
+        """Publish ``raw`` to its dead-letter queue with the ``x-podracer-*`` headers,
+        confirmed, then ack it; if the publish fails, nack it back to its queue."""
+        short = (raw.routing_key or "").removeprefix(self._topology.prefix + ".")
+        if short not in WORK_QUEUES:  # redelivered from a requeue: the key is still ours
+            short = "updater" if (raw.type or "") == "checkpoint" else "generator"
+        kept = {k: v for k, v in (raw.headers or {}).items() if k not in BROKER_DEATH_HEADERS}
+        headers = {**kept, **dead_letter_headers(self.service, reason, short)}
+        copy = aio_pika.Message(
+            raw.body, headers=headers, content_type=raw.content_type,
+            content_encoding=raw.content_encoding, message_id=raw.message_id, type=raw.type,
+            app_id=raw.app_id, timestamp=raw.timestamp, correlation_id=raw.correlation_id,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+        try:
+            channel = await self._publisher()
+            dlx = await channel.get_exchange(self._topology.dlx, ensure=False)
+            await dlx.publish(copy, self._topology.dead_routing_key(short), mandatory=True,
+                              timeout=self.confirm_timeout)
+        except BROKER_ERRORS as exc:
+            log.warning("could not dead-letter message %s (%s); it goes back to %s",
+                        raw.message_id, exc or type(exc).__name__, short)
+            await raw.nack(requeue=True)
+            return
+        await raw.ack()
+
+    async def purge(self, queue: str) -> int:
+        """Drop the ready messages of ``queue`` (0 if it does not exist)."""
+        check_queue(queue)
+        try:
+            channel = await self._side_channel()
+            try:
+                found = await channel.declare_queue(self._full(queue), passive=True,
+                                                    robust=False)
+                result = await found.purge()
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                return 0
+            finally:
+                with suppress(*BROKER_ERRORS):
+                    await channel.close()
+        except BROKER_ERRORS as exc:
+            raise ConnectionClosed(f"purge({queue}) failed: {exc or type(exc).__name__}"
+                                   ) from None
+        return int(getattr(result, "message_count", 0) or 0)
+
+    async def peek_dead(self, queue: str, limit: int = 100) -> list[DeadLetterInfo]:
+        """Up to ``limit`` dead letters of ``queue``: fetched unacked, then all nacked
+        back (the dead-letter queue is classic: a requeue keeps order and counts nothing)."""
+        dead = self._topology.dead(queue.removesuffix(".dead"))
+        found: list[DeadLetterInfo] = []
+        try:
+            channel = await self._side_channel()
+            try:
+                amqp_queue = await channel.declare_queue(dead, passive=True, robust=False)
+                last: AbstractIncomingMessage | None = None
+                for _ in range(limit):
+                    raw = await amqp_queue.get(no_ack=False, fail=False)
+                    if raw is None:
+                        break
+                    last = raw
+                    found.append(describe_dead(raw.message_id, raw.type, raw.headers))
+                if last is not None:
+                    await last.nack(multiple=True, requeue=True)
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                return []
+            finally:
+                with suppress(*BROKER_ERRORS):
+                    await channel.close()
+        except BROKER_ERRORS as exc:
+            raise ConnectionClosed(f"peek_dead({queue}) failed: {exc or type(exc).__name__}"
+                                   ) from None
+        return found
+
+    async def _side_channel(self) -> Any:
+        """A short-lived plain channel on the publish connection (a 404 closes only it)."""
+        await self._publisher()
+        assert self._publish_conn is not None
+        channel = self._publish_conn.channel(publisher_confirms=False)
+        await channel.initialize()
+        return channel
+
     # ------------------------------------------------------------ events
 
     @asynccontextmanager
-    async def subscribe(self, patterns: Sequence[str]) -> AsyncIterator[AsyncIterator[Message]]:
-        """Receive events matching ``patterns`` published from now on (best effort)."""
+    async def subscribe(self, patterns: Sequence[str], *, service: str | None = None
+                        ) -> AsyncIterator[AsyncIterator[Message]]:
+        """Receive events matching ``patterns`` published from now on (best effort), on a
+        queue named after ``service`` (default: this process's role) and the process."""
         checked = [check_pattern(p) for p in patterns]
         inbox: asyncio.Queue[InboxItem] = asyncio.Queue()
 
@@ -284,8 +385,10 @@ class AmqpTransport:
             events = await channel.declare_exchange(
                 self._topology.events, aio_pika.ExchangeType.TOPIC, durable=True)
             # exclusive: it dies with the connection; aio-pika re-declares it on reconnect
+            name = self._topology.subscriber(service or process_role(),
+                                             f"{process_id()}.{uuid.uuid4().hex[:6]}")
             queue = await channel.declare_queue(
-                f"{self._topology.prefix}.sub.{uuid.uuid4().hex[:12]}", exclusive=True,
+                name, exclusive=True,
                 arguments={"x-max-length": SUBSCRIBER_BACKLOG, "x-overflow": "drop-head"})
             for pattern in checked:
                 await queue.bind(events, routing_key=pattern)

@@ -43,14 +43,19 @@ BROKER_ERRORS: tuple[type[BaseException], ...] = (
 InboxItem = AbstractIncomingMessage | BaseException | None
 """What an inbox holds: a raw message, the watchdog's error, or ``None`` (stop iterating)."""
 
+DeadLetter = Callable[[AbstractIncomingMessage, str], Awaitable[None]]
+"""Dead-letters a raw message with a reason and settles it (``AmqpTransport.dead_letter``)."""
+
 
 class AmqpDelivery(Generic[M]):
     """A delivery from RabbitMQ; settle it exactly once."""
 
-    def __init__(self, raw: AbstractIncomingMessage, message: M, queue: str) -> None:
+    def __init__(self, raw: AbstractIncomingMessage, message: M, queue: str,
+                 dead_letter: DeadLetter | None = None) -> None:
         self._raw = raw
         self._message = message
         self._queue = queue
+        self._dead_letter = dead_letter
         self._settled = False
 
     @property
@@ -87,15 +92,21 @@ class AmqpDelivery(Generic[M]):
     async def reject(self, reason: str) -> None:
         """Dead-letter the message and log ``reason`` once."""
         log.warning("rejected message %s from %s: %s", self._message.id, self._queue, reason)
-        await self._settle("reject", lambda: self._raw.reject(requeue=False))
+        if self._dead_letter is not None:
+            dead_letter = self._dead_letter
+            await self._settle("reject", lambda: dead_letter(self._raw, reason))
+        else:
+            await self._settle("reject", lambda: self._raw.reject(requeue=False))
 
 
 class AmqpDeliveries(Generic[M]):
     """Async iterator over a consumer's inbox; cancelling a wait loses nothing."""
 
     def __init__(self, inbox: asyncio.Queue[InboxItem], name: str, expect: type[M],
-                 blobs: BlobStore | None, experiment: str) -> None:
+                 blobs: BlobStore | None, experiment: str,
+                 dead_letter: DeadLetter | None = None) -> None:
         self._inbox = inbox
+        self._dead_letter = dead_letter
         self._name = name
         self._expect = expect
         self._blobs = blobs
@@ -123,9 +134,12 @@ class AmqpDeliveries(Generic[M]):
                 log.warning("dead-lettered message %r from %s: %s",
                             raw.message_id or "?", self._name, exc)
                 with suppress(*BROKER_ERRORS):
-                    await raw.reject(requeue=False)
+                    if self._dead_letter is not None:
+                        await self._dead_letter(raw, str(exc))
+                    else:
+                        await raw.reject(requeue=False)
                 continue
-            return AmqpDelivery(raw, message, self._name)
+            return AmqpDelivery(raw, message, self._name, self._dead_letter)
 
 
 class AmqpEvents:

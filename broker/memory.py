@@ -7,7 +7,8 @@ no global state, so tests stay isolated. Messages are encoded with the real code
 
 Semantics mirrored from the AMQP transport: FIFO per queue, prefetch, ack, nack with
 requeue (redelivered, counted; past ``DELIVERY_LIMIT`` returns the message is
-dead-lettered like a quorum queue does), reject -> ``<queue>.dead``, unsettled
+dead-lettered like a quorum queue does, with an ``x-death``-like header), reject ->
+``<queue>.dead`` with the ``x-podracer-*`` headers of ``broker.transport``, unsettled
 deliveries return to the queue when a consumer closes, topic routing with ``*``/``#``.
 Everything is single event loop: use one hub from one loop.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -28,12 +30,16 @@ from broker.schemas import Message
 from broker.topology import DELIVERY_LIMIT, WORK_QUEUES, Topology
 from broker.transport import (
     SUBSCRIBER_BACKLOG,
+    DeadLetterInfo,
     Delivery,
     check_pattern,
     check_prefetch,
     check_queue,
+    dead_letter_headers,
     decode,
+    describe_dead,
     encode,
+    service_label,
     topic_matches,
 )
 
@@ -50,8 +56,10 @@ class _Envelope:
     body: bytes
     content_type: str
     message_id: str
+    kind: str | None = None
     returns: int = 0  # times it came back (nack-requeue, consumer gone)
     delivered: bool = False
+    headers: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class _Queue:
@@ -88,11 +96,14 @@ class MemoryBroker:
                 queue.ready.append(envelope)
             queue.changed.notify_all()
 
-    async def dead_letter(self, queue: _Queue, envelope: _Envelope) -> None:
-        """Move ``envelope`` to the dead-letter queue of ``queue`` (dropped if it has none)."""
+    async def dead_letter(self, queue: _Queue, envelope: _Envelope,
+                          headers: dict[str, Any]) -> None:
+        """Move ``envelope`` to the dead-letter queue of ``queue`` with ``headers`` added
+        (dropped if it has none)."""
         if queue.dead is not None:
             await self.put(queue.dead, _Envelope(envelope.body, envelope.content_type,
-                                                 envelope.message_id))
+                                                 envelope.message_id, envelope.kind,
+                                                 headers={**envelope.headers, **headers}))
 
     def fan_out(self, exchange: str, routing_key: str, envelope: _Envelope) -> None:
         """Deliver an event to every subscriber of ``exchange`` whose pattern matches."""
@@ -147,7 +158,7 @@ class MemoryDelivery(Generic[M]):
         """Dead-letter the message and log ``reason`` once."""
         log.warning("rejected message %s from %s: %s",
                     self._envelope.message_id, self._consumer.queue.name, reason)
-        await self._consumer.settle(self, "dead")
+        await self._consumer.settle(self, "dead", reason)
 
 
 class _Consumer:
@@ -185,13 +196,15 @@ class _Consumer:
             except MessageError as exc:
                 log.warning("dead-lettered message %r from %s: %s",
                             envelope.message_id, self.queue.name, exc)
-                await self.transport.hub.dead_letter(self.queue, envelope)
+                await self.transport.hub.dead_letter(self.queue, envelope,
+                                                     self.transport.refused(self.queue, exc))
                 continue
             delivery = MemoryDelivery(self, envelope, message)
             self.unsettled.add(delivery)
             return delivery
 
-    async def settle(self, delivery: MemoryDelivery[Any], outcome: str | None) -> None:
+    async def settle(self, delivery: MemoryDelivery[Any], outcome: str | None,
+                     reason: str = "rejected") -> None:
         """Apply ack (``None``), ``"requeue"`` or ``"dead"`` to ``delivery`` once."""
         if delivery.settled:
             raise RuntimeError("delivery settled twice (ack/nack/reject once per delivery)")
@@ -201,7 +214,8 @@ class _Consumer:
         if outcome == "requeue":
             await self._return(envelope)
         elif outcome == "dead":
-            await self.transport.hub.dead_letter(self.queue, envelope)
+            await self.transport.hub.dead_letter(self.queue, envelope,
+                                                 self.transport.refused(self.queue, reason))
         async with self.queue.changed:
             self.queue.changed.notify_all()
 
@@ -210,7 +224,10 @@ class _Consumer:
         if self.queue.dead is not None and envelope.returns > DELIVERY_LIMIT:
             log.warning("dead-lettered message %r from %s: delivery limit %d reached",
                         envelope.message_id, self.queue.name, DELIVERY_LIMIT)
-            await self.transport.hub.dead_letter(self.queue, envelope)
+            # what a quorum queue does: RabbitMQ's own x-death, no x-podracer-* headers
+            death = {"reason": "delivery_limit", "queue": self.queue.name, "count": 1,
+                     "time": time.time()}
+            await self.transport.hub.dead_letter(self.queue, envelope, {"x-death": [death]})
         else:
             await self.transport.hub.put(self.queue.name, envelope, front=True)
 
@@ -267,8 +284,9 @@ class MemoryTransport:
     """A :class:`broker.transport.Transport` on a :class:`MemoryBroker` hub."""
 
     def __init__(self, hub: MemoryBroker, *, experiment: str, blobs: BlobStore | None = None,
-                 inline_limit: int = DEFAULT_INLINE_LIMIT) -> None:
+                 inline_limit: int = DEFAULT_INLINE_LIMIT, service: str | None = None) -> None:
         self.hub = hub
+        self.service = service or service_label()
         self.blobs = blobs
         self.inline_limit = inline_limit
         self._topology = Topology(experiment)
@@ -283,6 +301,11 @@ class MemoryTransport:
 
     def _full(self, queue: str) -> str:
         return f"{self._topology.prefix}.{queue}"
+
+    def refused(self, queue: _Queue, reason: object) -> dict[str, Any]:
+        """Dead-letter headers for a message this transport's service refused."""
+        short = queue.name.removeprefix(self._topology.prefix + ".")
+        return dead_letter_headers(self.service, str(reason), short)
 
     def _check_open(self) -> None:
         if self.closed:
@@ -301,7 +324,7 @@ class MemoryTransport:
         self._check_open()
         body, content_type = await encode(msg, blobs=self.blobs, inline_limit=self.inline_limit)
         await self.declare()
-        await self.hub.put(self._full(queue), _Envelope(body, content_type, msg.id))
+        await self.hub.put(self._full(queue), _Envelope(body, content_type, msg.id, msg.KIND))
 
     async def publish_event(self, routing_key: str, msg: Message) -> None:
         """Encode ``msg`` and fan it out to matching subscribers."""
@@ -331,8 +354,10 @@ class MemoryTransport:
             await consumer.close()
 
     @asynccontextmanager
-    async def subscribe(self, patterns: Sequence[str]) -> AsyncIterator[AsyncIterator[Message]]:
-        """Receive events matching ``patterns`` published from now on."""
+    async def subscribe(self, patterns: Sequence[str], *, service: str | None = None
+                        ) -> AsyncIterator[AsyncIterator[Message]]:
+        """Receive events matching ``patterns`` published from now on (``service`` only
+        names the queue on RabbitMQ)."""
         checked = tuple(check_pattern(p) for p in patterns)
         self._check_open()
         inbox = self.hub.add_subscriber(self._topology.events, checked)
@@ -349,6 +374,21 @@ class MemoryTransport:
         check_queue(queue)
         found = self.hub.queue(self._full(queue))
         return len(found.ready), found.consumers
+
+    async def purge(self, queue: str) -> int:
+        """Drop the ready messages of ``queue``; returns how many."""
+        check_queue(queue)
+        found = self.hub.queue(self._full(queue))
+        async with found.changed:
+            count = len(found.ready)
+            found.ready.clear()
+        return count
+
+    async def peek_dead(self, queue: str, limit: int = 100) -> list[DeadLetterInfo]:
+        """Up to ``limit`` dead letters of ``queue`` (work or dead name), left in place."""
+        dead = self.hub.queue(self._topology.dead(queue.removesuffix(".dead")))
+        return [describe_dead(e.message_id, e.kind, e.headers)
+                for e in list(dead.ready)[:limit]]
 
     async def close(self) -> None:
         """Stop consumers (unsettled deliveries go back to their queue); idempotent."""

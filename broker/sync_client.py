@@ -275,8 +275,12 @@ def _dead_letter(queue: str, props: pika.BasicProperties, body: bytes) -> DeadLe
     deaths = headers.get("x-death") or []
     first = deaths[-1] if isinstance(deaths, list) and deaths else {}
     summary, data = _preview(body, props.content_type)
-    reason = headers.get("x-first-death-reason") or (first.get("reason") if first else None)
+    # ours (x-podracer-*, see broker.transport) when a service refused it, else RabbitMQ's
+    reason = (headers.get("x-podracer-reason") or headers.get("x-first-death-reason")
+              or (first.get("reason") if first else None))
     source = headers.get("x-first-death-queue") or (first.get("queue") if first else None)
+    if source is None and headers.get("x-podracer-queue"):
+        source = queue.removesuffix(".dead")  # the dead-letter queue of that work queue
     count = sum(int(d.get("count", 0)) for d in deaths if isinstance(d, dict))
     return DeadLetter(
         queue=queue,

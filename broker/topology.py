@@ -1,4 +1,4 @@
-"""The one place where broker names and queue arguments are decided.
+r"""The one place where broker names and queue arguments are decided.
 
 Every name lives under the experiment's namespace ``podracer.<experiment>.``:
 
@@ -8,6 +8,9 @@ Every name lives under the experiment's namespace ``podracer.<experiment>.``:
 ``events``                 topic exchange (heartbeats, metrics, control, ...)
 ``dlx``                    direct exchange the work queues dead-letter into
 ``<queue>.dead``           durable queue bound to ``dlx`` with key ``<queue>.dead``
+``events.<service>.<who>``  a subscriber's exclusive queue, named after the service
+                           that reads it and ``<host>-<pid>.<random>`` (gone with its
+                           connection)
 =========================  ===================================================
 
 The dead-letter routing key is the *short* queue name plus ``.dead``
@@ -15,6 +18,15 @@ The dead-letter routing key is the *short* queue name plus ``.dead``
 (``podracer.<experiment>.generator.dead``). A work queue is declared with
 ``topology.queue_args(name)``; ``QUEUE_ARGS`` holds the parts that do not depend
 on the queue.
+
+Expiry: the work queues of an experiment nobody uses any more go away by themselves
+through a RabbitMQ *policy* (``expiry_policy``: ``expires`` on
+``^podracer\.<experiment>\.(generator|updater)$``), set through the management API
+by ``podracer train``. A policy rather than an ``x-expires`` queue argument, because
+changing a queue argument of an existing queue fails with PRECONDITION_FAILED (a run
+from before the change could not be resumed), and a policy can be changed or removed
+at any time. Dead-letter queues never expire: they are deleted only when empty
+(``podracer train`` at a clean end, ``podracer clean``), so evidence is never lost.
 
 ``consumer_timeout`` is deliberately not set per queue here: RabbitMQ 3.x quorum
 queues reject unknown ``x-`` arguments at declare time, so a longer timeout is set
@@ -124,6 +136,27 @@ class Topology:
         """Full name of the dead-letter queue of ``queue`` (short or full name)."""
         return f"{self.prefix}.{self.dead_routing_key(queue)}"
 
+    @property
+    def dead_queues(self) -> tuple[str, ...]:
+        """Full names of the dead-letter queues (generator.dead, updater.dead)."""
+        return tuple(self.dead(queue) for queue in WORK_QUEUES)
+
+    def subscriber(self, service: str, who: str) -> str:
+        """Name of a subscriber queue: ``<prefix>.events.<service>.<who>``, so the
+        management UI says who reads it (``who`` is ``<host>-<pid>.<random>``: unique
+        even within one process)."""
+        return f"{self.events}.{_word(service)}.{who}"
+
+    @property
+    def expiry_policy(self) -> str:
+        """Name of the policy that lets this experiment's work queues expire."""
+        return f"{self.prefix}.expiry"
+
+    @property
+    def work_queue_pattern(self) -> str:
+        """Regular expression matching exactly the full names of the work queues."""
+        return "^" + re.escape(self.prefix) + r"\.(" + "|".join(WORK_QUEUES) + ")$"
+
     def queue_args(self, queue: str) -> dict[str, Any]:
         """Declare-time arguments of work queue ``queue`` (a fresh dict)."""
         return {
@@ -131,3 +164,8 @@ class Topology:
             "x-dead-letter-exchange": self.dlx,
             "x-dead-letter-routing-key": self.dead_routing_key(queue),
         }
+
+
+def _word(text: str) -> str:
+    """``text`` as one dot-free word of a queue name (``serve pod`` -> ``serve-pod``)."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-") or "client"

@@ -33,6 +33,13 @@ Contract (both transports, proven by ``tests/broker/test_contract.py``):
   is dead-lettered) or ``reject`` (poison: dead-letter now). A delivery left unsettled
   when the ``consume`` block exits is returned to the queue (redelivered).
   Handlers must be idempotent by ``message.id``: a crash before ``ack`` redelivers.
+- ``reject(reason)`` dead-letters the message *with* headers that explain it:
+  ``x-podracer-service`` (who refused it), ``x-podracer-reason`` (the same line as the
+  log), ``x-podracer-time`` (UTC, ISO 8601) and ``x-podracer-queue`` (where it came
+  from), so the management UI's "Get messages" shows why. A message dead-lettered by
+  the broker itself (delivery limit) carries RabbitMQ's own ``x-death`` instead.
+  ``peek_dead`` lists dead letters without consuming them; ``purge`` drops the ready
+  messages of a queue (what ``podracer`` does with rounds nobody will train).
 - Events are best-effort fan-out on a topic exchange: ``publish_event`` with a routing
   key such as ``heartbeat.<pod>``; ``subscribe`` with patterns where ``*`` matches one
   dot-separated word and ``#`` zero or more. A subscriber sees only events published
@@ -51,9 +58,15 @@ Contract (both transports, proven by ``tests/broker/test_contract.py``):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import dataclasses
+import datetime
+import os
+import re
+import socket
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from broker.errors import ConfigError
 from broker.messages import (
@@ -76,6 +89,114 @@ capped at 10 s: about 35 s in all, longer than a broker restart takes)."""
 
 SUBSCRIBER_BACKLOG = 10_000
 """Events a slow subscriber's queue holds before the oldest are dropped."""
+
+
+HEADER_SERVICE = "x-podracer-service"
+"""Dead-letter header: the service (role and ``host-pid``) that refused the message."""
+HEADER_REASON = "x-podracer-reason"
+"""Dead-letter header: why, the same line the service logged."""
+HEADER_TIME = "x-podracer-time"
+"""Dead-letter header: when (UTC, ISO 8601)."""
+HEADER_QUEUE = "x-podracer-queue"
+"""Dead-letter header: the work queue it was refused from."""
+BROKER_DEATH_HEADERS = ("x-death", "x-first-death-reason", "x-first-death-queue",
+                        "x-first-death-exchange", "x-last-death-reason",
+                        "x-last-death-queue", "x-last-death-exchange")
+"""Headers only the broker sets (never copied onto a message we publish)."""
+
+
+def process_role(argv: Sequence[str] | None = None) -> str:
+    """What this process is, for names in the management UI: the role of
+    ``podracer serve <role>``, else the ``podracer`` command (``train``), else the
+    program's name."""
+    args = list(sys.argv if argv is None else argv)
+    if "serve" in args[1:-1]:
+        return args[args.index("serve", 1) + 1]
+    program = os.path.basename(args[0]) if args else ""
+    if program == "__main__.py":  # python -m <package>
+        program = os.path.basename(os.path.dirname(args[0]))
+    if program == "podracer" and len(args) > 1:
+        return args[1]
+    return program.removesuffix(".py") or "python"
+
+
+def process_id() -> str:
+    """``<host>-<pid>``: which process, in names and dead-letter headers."""
+    host = re.sub(r"[^A-Za-z0-9_-]+", "-", socket.gethostname().split(".")[0]) or "host"
+    return f"{host}-{os.getpid()}"
+
+
+def service_label() -> str:
+    """``<role>@<host>-<pid>``: the default ``x-podracer-service`` of this process."""
+    return f"{process_role()}@{process_id()}"
+
+
+def dead_letter_headers(service: str, reason: str, queue: str,
+                        at: float | None = None) -> dict[str, str]:
+    """The ``x-podracer-*`` headers of a message refused by ``service`` from ``queue``."""
+    when = datetime.datetime.fromtimestamp(
+        at if at is not None else datetime.datetime.now().timestamp(), tz=datetime.timezone.utc)
+    return {HEADER_SERVICE: service, HEADER_REASON: reason, HEADER_QUEUE: queue,
+            HEADER_TIME: when.isoformat(timespec="seconds").replace("+00:00", "Z")}
+
+
+@dataclasses.dataclass(frozen=True)
+class DeadLetterInfo:
+    """One dead letter, seen without consuming it."""
+
+    id: str | None
+    """Message id."""
+    kind: str | None
+    """Message kind (``initialization``, ``checkpoint``)."""
+    reason: str
+    """Why: the refusing service's reason, or ``delivery limit reached`` and the like
+    from RabbitMQ's ``x-death``."""
+    service: str | None
+    """Who refused it (``None`` when the broker dead-lettered it)."""
+    queue: str | None
+    """The work queue it came from."""
+    at: float | None
+    """When it was dead-lettered (epoch seconds), if known."""
+
+
+_BROKER_REASONS = {"delivery_limit": "delivery limit reached", "rejected": "rejected",
+                   "expired": "message TTL expired", "maxlen": "queue length limit"}
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return None if value is None else str(value)
+
+
+def describe_dead(message_id: str | None, kind: str | None,
+                  headers: Mapping[str, Any] | None) -> DeadLetterInfo:
+    """A ``DeadLetterInfo`` from a dead letter's properties and headers (ours first,
+    RabbitMQ's ``x-death`` otherwise)."""
+    headers = dict(headers or {})
+    reason = _text(headers.get(HEADER_REASON))
+    at: float | None = None
+    stamp = _text(headers.get(HEADER_TIME))
+    if stamp:
+        try:
+            at = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            at = None
+    queue = _text(headers.get(HEADER_QUEUE))
+    if reason is None:
+        deaths = headers.get("x-death")
+        death = deaths[0] if isinstance(deaths, list) and deaths else {}
+        death = death if isinstance(death, Mapping) else {}
+        code = _text(headers.get("x-first-death-reason") or death.get("reason")) or "unknown"
+        reason = _BROKER_REASONS.get(code, code)
+        queue = queue or _text(headers.get("x-first-death-queue") or death.get("queue"))
+        when = death.get("time")
+        if isinstance(when, datetime.datetime):
+            at = when.timestamp()
+        elif isinstance(when, int | float):
+            at = float(when)
+    return DeadLetterInfo(id=message_id, kind=kind, reason=reason,
+                          service=_text(headers.get(HEADER_SERVICE)), queue=queue, at=at)
 
 
 class Delivery(Protocol[M]):
@@ -131,9 +252,18 @@ class Transport(Protocol):
         ...
 
     def subscribe(
-        self, patterns: Sequence[str]
+        self, patterns: Sequence[str], *, service: str | None = None
     ) -> AbstractAsyncContextManager[AsyncIterator[Message]]:
-        """Receive events whose routing key matches any of ``patterns`` (``*``, ``#``)."""
+        """Receive events whose routing key matches any of ``patterns`` (``*``, ``#``);
+        ``service`` names the subscriber queue (default: this process's role)."""
+        ...
+
+    async def purge(self, queue: str) -> int:
+        """Drop the ready messages of ``queue``; returns how many (unacked ones stay)."""
+        ...
+
+    async def peek_dead(self, queue: str, limit: int = 100) -> list[DeadLetterInfo]:
+        """Up to ``limit`` dead letters of ``queue``'s dead-letter queue, left in place."""
         ...
 
     async def queue_depth(self, queue: str) -> tuple[int, int]:

@@ -17,6 +17,16 @@ state, hyperparameters):
 * a branch carries its parent's state with hyperparameters mutated inside the
   algorithm's search space (PBT exploit/explore). Pinned hyperparameters of the
   experiment are never mutated.
+
+Start and stop: the planner derives the population from the store alone, so a
+generator that starts on an existing store (``podracer train --resume``, or a
+restarted service) carries on its lineages and generations. What it does not know is
+which rounds an earlier generator left waiting in the queue: it drains the
+``generator`` queue's *ready* messages when it starts (a round a pod already holds is
+not touched), logging ``discarded <id>`` for each, and issues afresh, so no round
+runs twice. When it stops it issues nothing more and drains again: no initialization
+is left waiting for pods that will never come. (Draining rather than ``queue.purge``
+so that every discarded id is in the log: the ledger of a run accounts for each.)
 """
 
 from __future__ import annotations
@@ -46,6 +56,10 @@ POLL_S = 0.25
 """Seconds between two looks at the queue."""
 DEFAULT_ROUND_S = 60.0
 """Assumed round length when the budget counts env steps only."""
+DISCARD_PREFETCH = 16
+"""Initializations taken at once while discarding the waiting ones."""
+DISCARD_WAIT_S = 0.3
+"""Discarding ends when nothing arrived this long and the queue has none ready."""
 READY_ROUNDS = 3
 """With ``population.ready_s = 0``, a lineage is judged after this many rounds."""
 
@@ -130,7 +144,7 @@ async def keep_stocked(ctx: ServiceContext[Settings], transport: Transport,
     changed = asyncio.Event()
 
     async def follow() -> None:
-        async with transport.subscribe(["leaderboard.changed"]) as events:
+        async with transport.subscribe(["leaderboard.changed"], service="generator") as events:
             async for _ in events:
                 changed.set()
 
@@ -174,9 +188,36 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
             ctx.heartbeat(transport, role="generator")
             stop_task = asyncio.create_task(watch_stop(ctx, transport))
             try:
+                # after subscribing to control.stop: a stop during the drain still counts
+                await discard_waiting(transport, "left waiting by an earlier generator")
                 published = await keep_stocked(ctx, transport, maker)
             finally:
                 stop_task.cancel()
                 await asyncio.gather(stop_task, return_exceptions=True)
+                await discard_waiting(transport, "the generator stopped")
     log.info("generator stopped after %d initializations", published)
     return 0
+
+
+async def discard_waiting(transport: Transport, why: str) -> int:
+    """Take and ack the initializations waiting in the ``generator`` queue (never one a
+    pod holds), logging ``discarded <id>: why`` for each; returns how many. Ends once
+    nothing arrives for ``DISCARD_WAIT_S`` and the queue has no ready message. A broker
+    failure is only logged."""
+    discarded = 0
+    try:
+        async with transport.consume("generator", prefetch=DISCARD_PREFETCH,
+                                     expect=Initialization) as inbox:
+            while True:
+                try:
+                    delivery = await asyncio.wait_for(anext(inbox), DISCARD_WAIT_S)
+                except (TimeoutError, StopAsyncIteration):
+                    if (await transport.queue_depth("generator"))[0] == 0:
+                        break
+                    continue
+                await delivery.ack()
+                discarded += 1
+                log.info("discarded %s: %s", delivery.message.id[:8], why)
+    except BrokerError as exc:
+        log.warning("waiting initializations not discarded: %s", exc)
+    return discarded

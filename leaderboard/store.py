@@ -307,3 +307,44 @@ class LeaderboardStore:
             raise BlobError(f"blob {entry.blob.sha256[:12]}... of checkpoint {entry.id} "
                             f"is not a map of tensors")
         return obj
+
+
+# ---------------------------------------------------------------- what a run has spent
+
+
+@dataclasses.dataclass(frozen=True)
+class Spent:
+    """What the stored checkpoints of a run add up to (``spent``): what a resumed run
+    carries on from."""
+
+    checkpoints: int
+    env_steps: int
+    """Env steps summed over every checkpoint (the env-step budget counts these)."""
+    seconds: float
+    """Wall seconds during which at least one stored round was training (the union of
+    the rounds' ``[created - wall_time, created]`` intervals): time between two sessions
+    of a resumed run is not counted."""
+    best: Entry | None
+    generation: int
+    """The highest generation stored (0 while empty)."""
+    started: float | None
+    """Epoch seconds when the first stored round started (None while empty)."""
+    last: float | None
+    """Epoch seconds when the last stored round ended (None while empty)."""
+
+
+def spent(store: LeaderboardStore) -> Spent:
+    """What ``store`` has spent so far (see ``Spent``); read-only."""
+    rows = store._query("SELECT created - wall_time AS start, created AS stop, generation "
+                        "FROM checkpoints ORDER BY start")
+    seconds, reach = 0.0, float("-inf")
+    for row in rows:
+        start, stop = float(row["start"]), float(row["stop"])
+        if stop > reach:
+            seconds += stop - max(start, reach)
+            reach = stop
+    return Spent(checkpoints=len(rows), env_steps=store.total_env_steps(), seconds=seconds,
+                 best=store.best(),
+                 generation=max((int(r["generation"]) for r in rows), default=0),
+                 started=float(rows[0]["start"]) if rows else None,
+                 last=reach if rows else None)

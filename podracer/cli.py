@@ -86,16 +86,60 @@ def _experiment_from_args(args: argparse.Namespace) -> Any:
                                                          default_strategies()))
 
 
+_DURATION = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str, field: str) -> float:
+    """``"90s"``/``"30m"``/``"12h"``/``"1d"`` -> seconds."""
+    match = _BUDGET.match(text)
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _DURATION:
+        raise ConfigError(field, f"cannot read {text!r}", "give a duration like 90s, 30m, 12h, 1d")
+    return float(match.group(1)) * _DURATION[unit]
+
+
+def _resume_args(args: argparse.Namespace) -> Path:
+    """``--resume DIR``: the experiment comes from ``DIR/experiment.json``."""
+    from podracer.train import EXPERIMENT_FILE
+
+    out = Path(args.resume)
+    if args.fresh:
+        raise ConfigError("--fresh", "cannot be combined with --resume",
+                          "--resume continues a run, --fresh deletes it; choose one")
+    if args.experiment_file or args.experiment or args.out:
+        raise ConfigError("--resume", "the run directory already holds its experiment",
+                          "drop the experiment file and --out; flags like --budget or "
+                          "--target-score still apply")
+    if not (out / EXPERIMENT_FILE).is_file():
+        raise ConfigError("--resume", f"{out} holds no run to resume",
+                          "point it at the run directory of an earlier `podracer train` "
+                          "(runs/<experiment>)")
+    args.experiment = str(out / EXPERIMENT_FILE)
+    return out
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """Run a tournament (embedded by default, separate processes with --broker)."""
-    from podracer.train import train
+    from podracer.train import DEFAULT_QUEUE_EXPIRY_S, has_run, train
 
+    resume_dir = _resume_args(args) if args.resume else None
     experiment = _experiment_from_args(args)
+    if resume_dir is not None and args.name and args.name != experiment.name:
+        raise ConfigError("--name", f"the run in {resume_dir} is {experiment.name!r}",
+                          "a resumed run keeps its name; drop --name")
     settings = settings_from_env(experiment=experiment, broker=args.broker,
                                  device=args.device, torch_threads=args.threads)
-    out = Path(args.out) if args.out else Path("runs") / experiment.name
+    out = resume_dir or (Path(args.out) if args.out else Path("runs") / experiment.name)
+    expiry = (parse_duration(args.queue_expiry, "--queue-expiry") if args.queue_expiry
+              else DEFAULT_QUEUE_EXPIRY_S)
+    if args.fresh and has_run(out):
+        import shutil
+
+        print(f"podracer: --fresh: deleting the earlier run in {out}", flush=True)
+        shutil.rmtree(out)
     log_to_file(out / "logs" / "train.log", logging.INFO if args.verbose else logging.WARNING)
-    result = train(settings, out, progress=not args.quiet)
+    result = train(settings, out, progress=not args.quiet, resume=resume_dir is not None,
+                   queue_expiry_s=expiry)
     return result.exit_code
 
 
@@ -182,6 +226,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="experiment name (namespace of queues and the run dir)")
     p.add_argument("--out", help="run directory (default runs/<experiment>)")
     p.add_argument("--threads", type=int, help="torch threads per pod process")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="carry on the interrupted run in RUN_DIR (runs/<experiment>)")
+    p.add_argument("--fresh", action="store_true",
+                   help="delete the run already in the run directory and start over")
+    p.add_argument("--queue-expiry", metavar="DURATION",
+                   help="broker mode: an unused work queue is deleted after this long "
+                        "(default 1d; a killed run must be resumed before)")
     p.add_argument("--quiet", action="store_true", help="no progress view")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="service log lines on the console too (always in <out>/logs/)")
@@ -203,9 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.set_defaults(func=cmd_serve)
 
-    from podracer import backtest, inspect_cli, layers, report, status_cli
+    from podracer import backtest, inspect_cli, layers, lifecycle_cli, report, status_cli
 
     status_cli.add_command(sub, _add_common)
+    lifecycle_cli.add_commands(sub, _add_common)
     inspect_cli.add_commands(sub, _add_common)
     layers.add_command(sub, _add_common)
     report.add_command(sub, _add_common)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -97,6 +98,52 @@ async def test_reject_dead_letters(make: Factory, experiment: str,
         assert (await t.queue_depth("generator"))[0] == 0
         lines = [r for r in caplog.records if "tensor shapes" in r.getMessage()]
         assert len(lines) == 1
+
+
+async def test_a_dead_letter_explains_itself(make: Factory, experiment: str) -> None:
+    """A rejected message carries who refused it, why and when; peeking leaves it there."""
+    async with make() as t:
+        sent = make_init(experiment)
+        await t.publish("generator", sent)
+        before = time.time()
+        async with t.consume("generator", prefetch=1, expect=Initialization) as inbox:
+            delivery = await next_within(inbox)
+            await delivery.reject("tensor shapes do not match the network")
+        assert await wait_depth(t, "generator.dead", 1) == 1
+        for _ in range(2):  # a second look sees it again: peeking consumes nothing
+            [letter] = await t.peek_dead("generator")
+            assert letter.id == sent.id and letter.kind == "initialization"
+            assert letter.reason == "tensor shapes do not match the network"
+            assert letter.queue == "generator"
+            assert letter.service and "@" in letter.service
+            assert letter.at is not None and before - 1 <= letter.at <= time.time() + 1
+        assert await wait_depth(t, "generator.dead", 1) == 1
+
+
+async def test_an_undecodable_message_is_dead_lettered_with_its_reason(
+        make: Factory, experiment: str) -> None:
+    async with make() as t:
+        await t.publish("updater", make_init(experiment, seed=1))  # an Initialization!
+        async with t.consume("updater", prefetch=1, expect=Heartbeat) as inbox:
+            assert await nothing_within(inbox, 1.0)
+        assert await wait_depth(t, "updater.dead", 1) == 1
+        [letter] = await t.peek_dead("updater.dead")
+        assert "heartbeat" in letter.reason and letter.queue == "updater"
+
+
+async def test_purge_drops_ready_messages_only(make: Factory, experiment: str) -> None:
+    async with make() as t:
+        for seed in range(3):
+            await t.publish("generator", make_init(experiment, seed=seed))
+        async with t.consume("generator", prefetch=1, expect=Initialization) as inbox:
+            held = await next_within(inbox)
+            await wait_depth(t, "generator", 2)
+            assert await t.purge("generator") == 2
+            assert (await t.queue_depth("generator"))[0] == 0
+            await held.nack()  # the one a consumer held comes back: purge never took it
+            again = await next_within(inbox)
+            assert again.message.id == held.message.id
+            await again.ack()
 
 
 async def test_wrong_kind_is_dead_lettered_not_delivered(make: Factory, experiment: str) -> None:
@@ -223,6 +270,8 @@ async def test_delivery_limit_dead_letters_a_message_nacked_forever(
                 await delivery.nack()
         assert deliveries == DELIVERY_LIMIT + 1
         assert await wait_depth(t, "generator.dead", 1) == 1
+        [letter] = await t.peek_dead("generator")
+        assert letter.reason == "delivery limit reached" and letter.service is None
 
 
 async def test_settling_twice_is_a_programming_error(make: Factory, experiment: str) -> None:

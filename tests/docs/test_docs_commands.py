@@ -12,6 +12,7 @@ import html
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -164,3 +165,22 @@ def test_stock_commands_run(tmp_path: Path) -> None:
     year = ok(run_podracer("backtest", str(policy), "--start", "2020-01-01", "--end",
                            "2020-12-31", "--capital", "100000", "--cost", "0.001"))
     assert "capital 100,000, cost 0.1%" in year and "WARNING" not in year
+
+
+@pytest.mark.timeout(200)
+def test_lifecycle_commands_run(store: Path, tmp_path: Path) -> None:
+    """``ls``, the refusal to mix two runs, ``--resume`` of a finished run and
+    ``clean --store`` (docs/tutorials/lifecycle.md; the broker side runs in
+    tests/lifecycle)."""
+    listed = ok(run_podracer("ls", "--runs", str(store.parent)))
+    row = re.search(r"^(\S+)\s+finished\s+torch/Pendulum-v1\s", listed, flags=re.M)
+    assert row, listed
+    again = run_podracer("train", "--env", "torch/Pendulum-v1", "--budget", "30s",
+                         "--out", str(store), "--quiet")
+    assert again.returncode == 2, again.stdout + again.stderr
+    assert "--resume" in again.stderr and "--fresh" in again.stderr
+    assert "finished already" in ok(run_podracer("train", "--resume", str(store), "--quiet"))
+    runs = tmp_path / "runs"
+    shutil.copytree(store, runs / row.group(1))
+    ok(run_podracer("clean", row.group(1), "--store", "--yes", "--runs", str(runs)))
+    assert not (runs / row.group(1)).exists()

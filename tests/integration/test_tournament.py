@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pika
+import pika.exceptions
 import pytest
 
 from leaderboard.store import Entry, LeaderboardStore
@@ -115,13 +116,13 @@ def test_tournament_on_rabbitmq_in_separate_processes(
     assert set(re.findall(r"stopped \(exit (-?\d+)\)", orchestrator_log)) <= {"0"}
     for pod_log in pod_logs:
         assert re.search(r"stopped after \d+ rounds", pod_log.read_text()), pod_log.name
-    # nothing left behind in the checkpoint queue or its dead-letter queue
+    # nothing left behind: a clean end deletes every queue that is empty and unused
     connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
     try:
-        channel = connection.channel()
-        for queue in ("updater", "updater.dead"):
-            ok = channel.queue_declare(f"podracer.{experiment}.{queue}", passive=True)
-            assert ok.method.message_count == 0, queue
+        for queue in ("generator", "updater", "generator.dead", "updater.dead"):
+            channel = connection.channel()
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="NOT_FOUND"):
+                channel.queue_declare(f"podracer.{experiment}.{queue}", passive=True)
     finally:
         connection.close()
 

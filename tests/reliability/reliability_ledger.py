@@ -19,6 +19,7 @@ from leaderboard.store import LeaderboardStore
 
 _QUEUED = re.compile(r"queued (\w{8}):")
 _PUBLISHED = re.compile(r"round (\w{8}) published")
+_DISCARDED = re.compile(r"discarded (\w{8}):")
 
 
 @dataclasses.dataclass
@@ -33,6 +34,8 @@ class Ledger:
     unique_init_ids: int
     in_queue: dict[str, set[str]]
     dead_reasons: dict[str, str]
+    discarded: set[str] = dataclasses.field(default_factory=set)
+    """Waiting initializations a (re)started or stopping generator took back, untrained."""
     faults: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
@@ -43,7 +46,7 @@ class Ledger:
         initialization (same id): the pod acked the round after that publish.
         """
         return (self.queued - self.stored - self.in_queue["generator"]
-                - self.in_queue["updater"] - set(self.dead_reasons))
+                - self.in_queue["updater"] - set(self.dead_reasons) - self.discarded)
 
     @property
     def lost_checkpoints(self) -> set[str]:
@@ -90,7 +93,7 @@ def drain(url: str, queue: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _reason(headers: dict[str, Any]) -> str:
-    reason = headers.get("x-first-death-reason")
+    reason = headers.get("x-podracer-reason") or headers.get("x-first-death-reason")
     if isinstance(reason, bytes):
         reason = reason.decode()
     return str(reason or "unknown")
@@ -115,4 +118,5 @@ def build_ledger(url: str, experiment: str, store_root: Path, generator_logs: st
         unique_init_ids=len({e.init_id for e in entries}),
         in_queue={q: {mid[:8] for mid, _ in msgs} for q, msgs in queues.items()},
         dead_reasons={mid[:8]: _reason(h) for mid, h in queues["generator.dead"]},
+        discarded=set(_DISCARDED.findall(generator_logs)),
     )

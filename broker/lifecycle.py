@@ -1,0 +1,399 @@
+"""An experiment's broker objects over its whole life: clean ends, expiry, dead letters.
+
+Synchronous (pika, plus RabbitMQ's management HTTP API where AMQP has no verb), for the
+CLI (``podracer ls``, ``clean``, ``dead-letters``) and for ``podracer train`` before and
+after its services run::
+
+    with BrokerAdmin("amqp://guest:guest@localhost/", "ant") as admin:
+        admin.purge("generator")          # rounds nobody will train
+        admin.delete_idle()               # queues that are empty and unused
+        for letter in admin.dead_letters("updater"):
+            print(letter.id, letter.reason)
+
+* **Clean ends.** ``delete_idle`` deletes every queue of the experiment that is empty
+  and has no consumer: a dead-letter (classic) queue with ``queue.delete`` ``if-empty``
+  and ``if-unused``, so the broker decides atomically and a dead letter is never lost;
+  a work (quorum) queue after a passive check, because quorum queues refuse those flags
+  (``podracer train`` calls it once every service of the run has exited).
+* **Expiry.** ``set_expiry`` puts a policy (``expires``) on the experiment's work
+  queues through the management API: RabbitMQ deletes them once unused that long
+  (``broker.topology`` says why a policy and not a queue argument). Dead-letter
+  queues are left out on purpose: they go only when empty (``delete_idle``).
+* **Dead letters.** ``dead_letters`` peeks (``basic.get``, then ``nack`` with requeue:
+  the dead-letter queues are classic, so nothing is counted or reordered);
+  ``requeue`` publishes dead letters back to their work queue with confirms and only
+  then acks them; ``purge_dead`` empties a dead-letter queue.
+
+Every pika or HTTP failure is translated once, here, into ``broker.errors``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, TypeVar
+
+import pika
+import pika.exceptions
+from pika.adapters.blocking_connection import BlockingChannel
+
+from broker.errors import BrokerError, ConfigError, ConnectionClosed
+from broker.tls import ssl_context_from_env
+from broker.topology import PREFIX, WORK_QUEUES, Topology
+from broker.transport import (
+    BROKER_DEATH_HEADERS,
+    HEADER_QUEUE,
+    HEADER_REASON,
+    HEADER_SERVICE,
+    HEADER_TIME,
+    DeadLetterInfo,
+    describe_dead,
+    redact,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+MANAGEMENT_PORT = 15672
+HTTP_TIMEOUT_S = 5.0
+_NOT_FOUND = 404
+_PRECONDITION_FAILED = 406
+_OURS = (HEADER_SERVICE, HEADER_REASON, HEADER_TIME, HEADER_QUEUE)
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    """One queue of an experiment as the broker reports it."""
+
+    name: str
+    ready: int
+    consumers: int
+
+
+# ------------------------------------------------------------------ management API
+
+
+@dataclass(frozen=True)
+class Management:
+    """Where RabbitMQ's management HTTP API of an AMQP URL is, and how to log in."""
+
+    base: str
+    vhost: str
+    user: str
+    password: str
+
+    @classmethod
+    def of(cls, amqp_url: str, override: str | None = None) -> Management:
+        """The API of the broker at ``amqp_url`` (``http://<host>:15672`` unless
+        ``override`` names another base URL); same credentials and vhost."""
+        parts = urllib.parse.urlsplit(amqp_url)
+        scheme = "https" if parts.scheme == "amqps" else "http"
+        base = override or f"{scheme}://{parts.hostname or 'localhost'}:{MANAGEMENT_PORT}"
+        vhost = urllib.parse.unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
+        return cls(base.rstrip("/"), vhost, urllib.parse.unquote(parts.username or "guest"),
+                   urllib.parse.unquote(parts.password or "guest"))
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        """``method`` ``/api/<path>`` (``{vhost}`` filled in); the JSON answer or None.
+
+        Raises ``ConnectionClosed`` when the API does not answer and ``BrokerError``
+        when it refuses (with its own reason)."""
+        url = f"{self.base}/api/" + path.format(vhost=urllib.parse.quote(self.vhost, safe=""))
+        token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(url, data=data, method=method, headers={
+            "Authorization": f"Basic {token}", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
+                text = response.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:200].decode("utf-8", "replace")
+            raise BrokerError(f"management API {method} {path}: HTTP {exc.code} {detail}"
+                              ) from None
+        except (OSError, ValueError) as exc:
+            raise ConnectionClosed(f"management API at {self.base} unreachable: {exc}"
+                                   ) from None
+        return json.loads(text) if text else None
+
+    def queues(self, prefix: str = PREFIX + ".") -> list[dict[str, Any]]:
+        """Every queue of the vhost whose name starts with ``prefix`` (name, messages,
+        consumers, arguments, policy...)."""
+        found = self.call("GET", "queues/{vhost}?columns=name,messages,messages_ready,"
+                                 "consumers,policy,arguments") or []
+        return [q for q in found if str(q.get("name", "")).startswith(prefix)]
+
+    def set_expiry(self, experiment: str, seconds: float) -> None:
+        """Let the work queues of ``experiment`` expire after ``seconds`` unused."""
+        topology = Topology(experiment)
+        if not seconds > 0:
+            raise ConfigError("--queue-expiry", f"must be > 0, got {seconds}",
+                              "give a duration such as 30m or 1d")
+        self.call("PUT", "policies/{vhost}/" + urllib.parse.quote(topology.expiry_policy,
+                                                                   safe=""),
+                  {"pattern": topology.work_queue_pattern, "apply-to": "queues",
+                   "priority": 0, "definition": {"expires": int(seconds * 1000)}})
+
+    def clear_expiry(self, experiment: str) -> None:
+        """Remove the expiry policy of ``experiment`` (nothing if there is none)."""
+        name = urllib.parse.quote(Topology(experiment).expiry_policy, safe="")
+        try:
+            self.call("DELETE", "policies/{vhost}/" + name)
+        except BrokerError as exc:
+            if f"HTTP {_NOT_FOUND}" not in str(exc):
+                raise
+
+
+def experiments_on(management: Management) -> dict[str, list[QueueInfo]]:
+    """Experiment name -> its work and dead-letter queues, for every experiment the
+    broker holds queues of (subscriber queues are left out)."""
+    out: dict[str, list[QueueInfo]] = {}
+    suffixes = (*WORK_QUEUES, *(f"{q}.dead" for q in WORK_QUEUES))
+    for queue in management.queues():
+        name = str(queue["name"])
+        for suffix in suffixes:
+            experiment = name.removeprefix(PREFIX + ".").removesuffix("." + suffix)
+            if name == f"{PREFIX}.{experiment}.{suffix}" and "." not in experiment:
+                out.setdefault(experiment, []).append(QueueInfo(
+                    name, int(queue.get("messages_ready") or queue.get("messages") or 0),
+                    int(queue.get("consumers") or 0)))
+    return out
+
+
+# ------------------------------------------------------------------ AMQP side
+
+
+class BrokerAdmin:
+    """Blocking administration of one experiment's broker objects (a context manager)."""
+
+    def __init__(self, url: str, experiment: str, *, timeout: float = 10.0) -> None:
+        """Validate ``url`` and ``experiment`` (``ConfigError``); connect lazily."""
+        self.url = url
+        self.topology = Topology(experiment)
+        try:
+            self._params = pika.URLParameters(url)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError("--broker", f"not an AMQP url: {exc}",
+                              "use amqp://user:password@host:5672/vhost") from None
+        if url.startswith("amqps://"):
+            self._params.ssl_options = pika.SSLOptions(ssl_context_from_env(), self._params.host)
+        self._params.socket_timeout = timeout
+        self._params.blocked_connection_timeout = timeout
+        self._params.connection_attempts = 1
+        self._connection: pika.BlockingConnection | None = None
+        self._chan: BlockingChannel | None = None
+
+    def __enter__(self) -> BrokerAdmin:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        connection, self._connection, self._chan = self._connection, None, None
+        if connection is not None and connection.is_open:
+            try:
+                connection.close()
+            except pika.exceptions.AMQPError as exc:
+                log.debug("error while closing: %r", exc)
+
+    # -------------------------------------------------------------- queues
+
+    def running(self) -> QueueInfo | None:
+        """The ``updater`` queue if something consumes it (the experiment runs: it has
+        one updater), else None. Pods alone do not count: pods orphaned by a killed
+        ``train`` keep consuming the ``generator`` queue, and a resumed run puts them
+        to work (its ``control.stop`` ends them)."""
+        found = self._passive(self.topology.updater)
+        return found if found is not None and found.consumers else None
+
+    def queues(self) -> list[QueueInfo]:
+        """The work and dead-letter queues that exist (missing ones left out)."""
+        found = []
+        for name in (*self.topology.work_queues, *self.topology.dead_queues):
+            info = self._passive(name)
+            if info is not None:
+                found.append(info)
+        return found
+
+    def purge(self, queue: str) -> int:
+        """Drop the ready messages of ``queue`` (short or full name); how many."""
+        name = self._name(queue)
+        if self._passive(name) is None:
+            return 0
+        ok = self._call(lambda ch: ch.queue_purge(name), what=name)
+        return int(ok.method.message_count or 0)
+
+    def delete_idle(self) -> list[str]:
+        """Delete every queue of the experiment that is empty and unused, and its
+        exchanges once nothing is bound to them; returns the queues deleted."""
+        deleted = []
+        for name in (*self.topology.work_queues, *self.topology.dead_queues):
+            if self._delete_queue(name, if_idle=True):
+                deleted.append(name)
+        for exchange in (self.topology.events, self.topology.dlx):
+            self._delete_exchange(exchange, if_unused=True)
+        return deleted
+
+    def delete_all(self) -> list[str]:
+        """Delete every queue and exchange of the experiment, messages and all."""
+        deleted = [name for name in (*self.topology.work_queues, *self.topology.dead_queues)
+                   if self._delete_queue(name, if_idle=False)]
+        for exchange in (self.topology.events, self.topology.dlx):
+            self._delete_exchange(exchange, if_unused=False)
+        return deleted
+
+    # -------------------------------------------------------------- dead letters
+
+    def dead_letters(self, queue: str, limit: int = 1000) -> list[DeadLetterInfo]:
+        """Up to ``limit`` dead letters of ``queue`` (``generator``/``updater``), left
+        in place."""
+        dead = self.topology.dead(queue.removesuffix(".dead"))
+        if self._passive(dead) is None:
+            return []
+        return self._call(lambda ch: self._peek(ch, dead, limit), what=dead)
+
+    def _peek(self, channel: BlockingChannel, dead: str, limit: int) -> list[DeadLetterInfo]:
+        letters: list[DeadLetterInfo] = []
+        last_tag = 0
+        try:
+            for _ in range(limit):
+                method, props, _body = channel.basic_get(dead, auto_ack=False)
+                if method is None:
+                    break
+                last_tag = method.delivery_tag
+                letters.append(describe_dead(props.message_id, props.type, props.headers))
+        finally:
+            if last_tag and channel.is_open:
+                channel.basic_nack(delivery_tag=last_tag, multiple=True, requeue=True)
+        return letters
+
+    def requeue(self, queue: str, ids: Collection[str] | None = None) -> int:
+        """Send dead letters of ``queue`` back to it: those whose id is in ``ids``, or
+        all (``None``). Each is published with confirms before it is acked, without
+        the dead-letter headers; returns how many went back."""
+        short = queue.removesuffix(".dead")
+        self.topology.short(short)  # ConfigError for an unknown queue
+        dead, target = self.topology.dead(short), self._name(short)
+        if self._passive(dead) is None:
+            return 0
+        return self._call(lambda ch: self._requeue(ch, dead, target, ids), what=dead)
+
+    def _requeue(self, channel: BlockingChannel, dead: str, target: str,
+                 ids: Collection[str] | None) -> int:
+        depth = channel.queue_declare(dead, passive=True).method.message_count
+        moved = 0
+        keep_tag = 0
+        try:
+            for _ in range(depth):
+                method, props, body = channel.basic_get(dead, auto_ack=False)
+                if method is None:
+                    break
+                if ids is not None and props.message_id not in ids:
+                    keep_tag = method.delivery_tag
+                    continue
+                headers = {k: v for k, v in (props.headers or {}).items()
+                           if k not in _OURS and k not in BROKER_DEATH_HEADERS}
+                props.headers = headers or None
+                # confirm channel: returns once the broker has the copy, raises otherwise
+                channel.basic_publish("", target, body, props, mandatory=True)
+                channel.basic_ack(method.delivery_tag)
+                moved += 1
+        finally:
+            if keep_tag and channel.is_open:
+                # nack only what we skipped; acked ones are gone, so multiple is safe
+                channel.basic_nack(delivery_tag=keep_tag, multiple=True, requeue=True)
+        return moved
+
+    def purge_dead(self, queue: str) -> int:
+        """Empty the dead-letter queue of ``queue``; how many were dropped."""
+        return self.purge(self.topology.dead(queue.removesuffix(".dead")))
+
+    # -------------------------------------------------------------- plumbing
+
+    def _name(self, queue: str) -> str:
+        prefix = self.topology.prefix + "."
+        full = queue if queue.startswith(prefix) else prefix + queue
+        allowed = (*self.topology.work_queues, *self.topology.dead_queues)
+        if full not in allowed:
+            raise ConfigError("--queue", f"unknown queue {queue!r}",
+                              f"use one of {', '.join(WORK_QUEUES)}")
+        return full
+
+    def _passive(self, name: str) -> QueueInfo | None:
+        try:
+            ok = self._call(lambda ch: ch.queue_declare(name, passive=True), what=name)
+        except _Missing:
+            return None
+        return QueueInfo(name, int(ok.method.message_count), int(ok.method.consumer_count))
+
+    def _delete_queue(self, name: str, *, if_idle: bool) -> bool:
+        found = self._passive(name)
+        if found is None:
+            return False
+        if if_idle and name in self.topology.work_queues:
+            # Quorum queues refuse queue.delete with if-empty/if-unused (NOT_IMPLEMENTED),
+            # so the check is ours: a message published between it and the delete would
+            # go with the queue. Called once every service of the run has exited.
+            if found.ready or found.consumers:
+                return False
+            if_idle = False
+        try:
+            self._call(lambda ch: ch.queue_delete(name, if_unused=if_idle, if_empty=if_idle),
+                       what=name)
+        except (_Missing, _InUse):
+            return False
+        return True
+
+    def _delete_exchange(self, name: str, *, if_unused: bool) -> None:
+        with contextlib.suppress(_Missing, _InUse):
+            self._call(lambda ch: ch.exchange_delete(name, if_unused=if_unused), what=name)
+
+    def _channel(self) -> BlockingChannel:
+        if self._connection is None or not self._connection.is_open:
+            self._connection = pika.BlockingConnection(self._params)
+            self._chan = None
+        if self._chan is None or not self._chan.is_open:
+            self._chan = self._connection.channel()  # a 404/406 closes only the channel
+            self._chan.confirm_delivery()
+        return self._chan
+
+    def _call(self, op: Callable[[BlockingChannel], T], *, what: str) -> T:
+        try:
+            return op(self._channel())
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            if exc.reply_code == _NOT_FOUND:
+                raise _Missing() from None
+            if exc.reply_code == _PRECONDITION_FAILED:
+                raise _InUse() from None
+            raise BrokerError(f"{what}: broker closed the channel: {exc.reply_text}") from None
+        except (pika.exceptions.UnroutableError, pika.exceptions.NackError):
+            raise BrokerError(f"{what}: the broker did not take the message back; "
+                              "it stays in the dead-letter queue") from None
+        except pika.exceptions.AMQPConnectionError as exc:
+            self.close()
+            raise ConnectionClosed(f"{redact(self.url)}: {type(exc).__name__} {exc}"
+                                   ) from None
+        except pika.exceptions.AMQPError as exc:
+            self.close()
+            raise BrokerError(f"{what}: {type(exc).__name__} {exc}") from None
+        except OSError as exc:
+            self.close()
+            raise ConnectionClosed(f"{redact(self.url)}: {exc}") from None
+
+
+class _Missing(Exception):
+    """Internal: the queue or exchange does not exist (404)."""
+
+
+class _InUse(Exception):
+    """Internal: not deleted, it holds messages or has consumers/bindings (406)."""
