@@ -19,6 +19,8 @@ published: a redelivery would diverge again). So:
   another pod takes it (after ``DELIVERY_LIMIT`` deliveries the broker dead-letters it);
 * an initialization the pod cannot use (unknown algorithm or env, bad hyperparameters,
   tensors of the wrong shape) is rejected to ``generator.dead`` with a one-line reason;
+  so is one that names an env or algorithm outside the pod's own experiment: a message
+  is not a command, and nothing it names is imported or opened (``Pod.refusal``);
 * ``control.stop`` or SIGTERM ends the round early; the shortened round is still
   evaluated and published (the work is not lost), then the pod exits 0. Only a round
   that fails is put back (nack) for another pod;
@@ -178,9 +180,28 @@ class Pod:
         with contextlib.suppress(asyncio.QueueFull):
             self._progress.put_nowait(progress)
 
+    def refusal(self, init: Initialization) -> str | None:
+        """Why ``init`` is not this pod's to build, or ``None``.
+
+        A message is not a command: an env name imports modules (``gym/<module>:<id>``)
+        and opens files (``stock/<path>``), so a pod builds only its own experiment's env
+        and algorithms, checked before anything is built, imported or opened."""
+        exp = self.ctx.settings.experiment
+        if init.env != exp.env:
+            return (f"env {init.env[:200]!r} is not this experiment's ({exp.env!r}); "
+                    "refused unbuilt")
+        if init.algorithm not in exp.algos:
+            return (f"algorithm {init.algorithm[:100]!r} is not in this experiment's mix "
+                    f"({', '.join(sorted(exp.algos))}); refused unbuilt")
+        return None
+
     async def handle(self, delivery: Delivery[Initialization]) -> None:
         """Train one initialization and settle its delivery (see the module doc)."""
         init = delivery.message
+        refusal = self.refusal(init)
+        if refusal is not None:
+            await delivery.reject(f"unusable initialization {init.id}: {refusal}")
+            return
         job = self._job(init)
         chain = _Chain(self, init)
         self.status = f"training {init.algorithm}"

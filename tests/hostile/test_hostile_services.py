@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from hostile_cases import Case, hostile_bodies, wire_of
+from hostile_cases import Case, Tripwire, foreign_initializations, hostile_bodies, packb, wire_of
 from hostile_rig import Rig, make_rig
 
 from agents import pod as pod_service
@@ -247,3 +247,34 @@ async def test_generator_ignores_hostile_events_and_still_obeys_stop(
 def dropped_events(caplog: pytest.LogCaptureFixture) -> list[str]:
     """The "dropped event" warnings so far."""
     return [line for line in one_line_warnings(caplog) if "dropped event" in line]
+
+
+async def test_pod_refuses_what_is_not_its_experiments_to_build(
+    services: Services, caplog: pytest.LogCaptureFixture, tmp_path: Path,
+) -> None:
+    """A well-formed initialization is not a command: an env or algorithm outside the
+    experiment is refused in one line, and nothing it names is imported or opened."""
+    rig = services.rig
+    exp = rig.experiment
+    token = f"podracer_probe_{exp}"
+    probe = tmp_path / f"{token}.csv"
+    probe.write_text("date,tic,close\n")
+    foreign = foreign_initializations(wire_of(init(exp)), token, str(probe))
+    with caplog.at_level(logging.WARNING), Tripwire(token) as tripwire:
+        ctx, task = services.start(pod_service.main, "pod-f")
+        for name, data in foreign:
+            await rig.sender.to_queue("generator", Case(name, packb(data),
+                                                        message_id=data["id"]))
+        good = init(exp)
+        await rig.transport.publish("generator", good)
+        async with rig.transport.consume("updater", prefetch=1, expect=Checkpoint) as inbox:
+            delivery = await alive_until(anext(inbox), task)
+            await delivery.ack()
+        assert delivery.message.init_id == good.id
+        assert await depth(rig, "generator.dead", len(foreign)) == len(foreign)
+        assert await stop(ctx, task) == 0
+    assert tripwire.events == []
+    lines = one_line_warnings(caplog)
+    assert all("\n" not in line for line in lines)
+    for _, data in foreign:
+        assert sum(data["id"] in line for line in lines) == 1, data["id"]
