@@ -19,7 +19,7 @@ import random
 import struct
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import aio_pika
 import msgpack
@@ -265,8 +265,8 @@ class Tripwire:
     with it; each sees only its own token.
     """
 
-    _armed: list[Tripwire] = []
-    _installed = False
+    _armed: ClassVar[list[Tripwire]] = []
+    _installed: ClassVar[bool] = False
 
     def __init__(self, token: str) -> None:
         self.token = token
