@@ -12,16 +12,24 @@ For every ``Checkpoint`` on the ``updater`` queue it
 5. publishes ``leaderboard.changed`` with the top-K, the number of checkpoints and the
    env steps they cost (the orchestrator's stop condition reads them).
 
-A checkpoint that fails 1 is rejected to ``updater.dead`` with a one-line reason. On
+A checkpoint that fails 1 is rejected to ``updater.dead`` with a one-line reason. A
+store that fails (disk full, volume gone, database locked) is a fault of the moment,
+not of the checkpoint: the updater keeps the delivery, stops consuming, and retries it
+with backoff (``STORE_BACKOFF``) until the store is back, so queued checkpoints do not
+burn their deliveries and land in ``updater.dead``. A delivery held ``MAX_HOLD_S`` goes
+back to the queue (RabbitMQ's ``consumer_timeout`` would take it anyway). On
 ``control.stop`` or SIGTERM the updater drains: it keeps storing what is in the queue
-until it has been idle for ``DRAIN_IDLE_S`` seconds, then exits 0.
+until it has been idle for ``DRAIN_IDLE_S`` seconds, then exits 0; while the store is
+down it returns what it holds and exits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,6 +45,7 @@ from broker.errors import BrokerError, ConfigError, PodracerError, SchemaError
 from broker.schemas import Checkpoint, LeaderboardChanged
 from broker.service import ServiceContext
 from broker.settings import Settings
+from broker.supervise import Backoff
 from broker.transport import Delivery, Transport
 from envs.base import VecEnv
 from envs.registry import make_env
@@ -48,6 +57,10 @@ DRAIN_IDLE_S = 5.0
 """After a stop, the updater exits once its queue has been empty this long."""
 PREFETCH = 8
 """Checkpoints in flight: validation and storage are quick, so keep a few buffered."""
+STORE_BACKOFF = (0.5, 30.0)
+"""First and longest delay (s) between two tries to store a checkpoint while it fails."""
+MAX_HOLD_S = 15 * 60.0
+"""A checkpoint held this long during a store outage goes back to the queue."""
 
 TensorSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
@@ -200,6 +213,33 @@ class Updater:
             except BrokerError as exc:
                 log.warning("leaderboard.changed not sent: %s", exc)
 
+    async def settle(self, delivery: Delivery[Checkpoint]) -> bool:
+        """``handle`` the delivery, retrying in place while the store fails (module doc).
+
+        False when the updater should stop consuming now (stopping during an outage:
+        the delivery went back to the queue)."""
+        backoff = Backoff(*STORE_BACKOFF)
+        held = time.monotonic()
+        while True:
+            try:
+                await self.handle(delivery)
+                if backoff.attempt:
+                    log.info("store is back: checkpoint %s stored after %d failed tries",
+                             delivery.message.id[:8], backoff.attempt)
+                return True
+            except PodracerError as exc:
+                failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            if self.ctx.stopping.is_set() or time.monotonic() - held > MAX_HOLD_S:
+                log.error("checkpoint %s not stored: %s; returned to the queue",
+                          delivery.message.id[:8], failure)
+                await delivery.nack(requeue=True)
+                return not self.ctx.stopping.is_set()
+            delay = backoff.next()
+            log.error("checkpoint %s not stored: %s; not consuming, retry in %.1f s",
+                      delivery.message.id[:8], failure, delay)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.ctx.stopping.wait(), delay)
+
 
 async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
                connect: Connector, reevaluate: bool = False,
@@ -220,13 +260,8 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
                                              expect=Checkpoint) as inbox:
                     async for delivery in drain_until_idle(ctx, aiter(inbox), DRAIN_IDLE_S,
                                                             pods_done):
-                        try:
-                            await updater.handle(delivery)
-                        except PodracerError as exc:
-                            # the store failed: leave the checkpoint for a retry
-                            log.error("checkpoint %s not stored: %s", delivery.message.id[:8],
-                                      exc)
-                            await delivery.nack(requeue=True)
+                        if not await updater.settle(delivery):
+                            break  # stopping while the store is down
             finally:
                 stop_task.cancel()
                 await asyncio.gather(stop_task, return_exceptions=True)
