@@ -22,6 +22,7 @@ state, hyperparameters):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 
@@ -29,7 +30,7 @@ from agents.base import AlgorithmRegistry, config_from_hparams, config_to_hparam
 from broker.blobstore import FileBlobStore
 from broker.connect import Connector
 from broker.control import sleep_or_stop, watch_stop
-from broker.errors import BrokerError
+from broker.errors import BrokerError, MessageError, TransientError
 from broker.experiment import Experiment
 from broker.schemas import Initialization
 from broker.service import ServiceContext
@@ -90,7 +91,16 @@ class InitializationMaker:
     def make(self) -> Initialization:
         """The next initialization (see the module doc)."""
         plan = self.planner.next()
-        init = self._build(plan)
+        try:
+            init = self._build(plan)
+        except MessageError as exc:
+            # an unreadable parent (blob lost or corrupted) must not stop the tournament
+            assert plan.parent is not None  # only a parent's state is read
+            log.warning("parent %s is unreadable (%s); skipped: a fresh %s lineage instead",
+                        plan.parent.id, exc, plan.algorithm)
+            plan = dataclasses.replace(plan, parent=None, mutate=False,
+                                       reason=f"parent {plan.parent.id} unreadable")
+            init = self._build(plan)
         self.planner.issued(init.id, plan)
         return init
 
@@ -147,8 +157,8 @@ async def keep_stocked(ctx: ServiceContext[Settings], transport: Transport,
                     published += 1
                     log.info("queued %s: %s, generation %d, parent %s", init.id[:8],
                              init.algorithm, init.generation, (init.parent_id or "fresh")[:8])
-            except BrokerError as exc:
-                log.warning("generator: broker unavailable (%s); retrying", exc)
+            except (BrokerError, TransientError) as exc:
+                log.warning("generator: broker or store unavailable (%s); retrying", exc)
             changed.clear()
             waiter = asyncio.create_task(changed.wait())
             stopped = asyncio.create_task(sleep_or_stop(ctx, POLL_S))

@@ -289,3 +289,33 @@ async def test_pod_waits_for_an_unmounted_store_instead_of_dead_lettering(
             assert checkpoint.init_id == child.id
             assert await bed.depth("generator.dead") == 0
             assert await stop(ctx, task) == 0
+
+
+# ------------------------------------------------------------------ the generator
+
+
+async def test_generator_skips_an_unreadable_parent(
+    bed: Bed, caplog: pytest.LogCaptureFixture,
+) -> None:
+    from reliability_states import ppo_checkpoint
+
+    from leaderboard import generator as generator_service
+    from leaderboard.store import LeaderboardStore
+
+    exp = bed.settings.experiment.name
+    with LeaderboardStore(bed.settings.store) as store:
+        entry = store.insert(ppo_checkpoint(exp, ENV, PPO, score=-100.0)).entry
+        store.blobs.path_of(entry.blob.sha256).unlink()  # lost, or corrupted: unreadable
+    with caplog.at_level(logging.WARNING):
+        ctx, task = bed.start(generator_service.main, "generator-t")
+        async with bed.transport.consume("generator", prefetch=1,
+                                         expect=Initialization) as inbox:
+            step = asyncio.ensure_future(anext(inbox))
+            await asyncio.wait({step, task}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+            assert not task.done(), f"the generator died: {task.exception()!r}"
+            delivery = step.result()
+            await delivery.ack()
+        assert delivery.message.parent_id is None  # a fresh lineage instead
+        unreadable = [r.getMessage() for r in caplog.records if entry.id in r.getMessage()]
+        assert len(unreadable) == 1 and "unreadable" in unreadable[0]
+        assert await stop(ctx, task) == 0
