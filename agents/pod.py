@@ -293,6 +293,8 @@ class Pod:
             log.info("%s: waiting for the running round to end before closing its envs",
                      self.ctx.name)
             await asyncio.wait({self.running})
+        if self.running is not None and not self.running.cancelled():
+            self.running.exception()  # retrieved: a cancelled handle never will be
 
     async def publish_checkpoint(self, checkpoint: Checkpoint) -> bool:
         """Publish ``checkpoint``, retrying with backoff while the blob store or the

@@ -28,12 +28,12 @@ async def test_a_failing_status_function_does_not_kill_the_heartbeat(
 
     hub = MemoryBroker()
     ctx: ServiceContext[None] = ServiceContext(None, "pod-hb")
-    async with connect("memory://", experiment=experiment, memory=hub) as transport:
-        async with transport.subscribe(["heartbeat.#"]) as beats:
-            with caplog.at_level(logging.WARNING):
-                task = ctx.heartbeat(transport, role="pod", status_fn=status, interval=0.01)
-                beat = await asyncio.wait_for(anext(beats), 10)
-            assert isinstance(beat, Heartbeat) and beat.status == "beat 2"
-            assert not task.done()
-            assert sum("heartbeat" in r.getMessage() for r in caplog.records) == 1
+    async with (connect("memory://", experiment=experiment, memory=hub) as transport,
+                transport.subscribe(["heartbeat.#"]) as beats):
+        with caplog.at_level(logging.WARNING):
+            task = ctx.heartbeat(transport, role="pod", status_fn=status, interval=0.01)
+            beat = await asyncio.wait_for(anext(beats), 10)
+        assert isinstance(beat, Heartbeat) and beat.status == "beat 2"
+        assert not task.done()
+        assert sum("heartbeat" in r.getMessage() for r in caplog.records) == 1
     await ctx.close()

@@ -13,6 +13,7 @@ import dataclasses
 import errno
 import logging
 import shutil
+import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -319,3 +320,47 @@ async def test_generator_skips_an_unreadable_parent(
         unreadable = [r.getMessage() for r in caplog.records if entry.id in r.getMessage()]
         assert len(unreadable) == 1 and "unreadable" in unreadable[0]
         assert await stop(ctx, task) == 0
+
+
+# ------------------------------------------------------------------ a second signal
+
+
+class SlowWorker:
+    """A round that runs until told to finish; records whether envs closed under it."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.finish = threading.Event()
+        self.active = False
+        self.closed_while_running: bool | None = None
+
+    def run(self, job: Any, report: Any = None, should_stop: Any = None) -> Any:
+        self.active = True
+        self.started.set()
+        self.finish.wait(30)
+        self.active = False
+        raise RuntimeError("round cut short")
+
+    def close(self) -> None:
+        self.closed_while_running = self.active
+        self.finish.set()
+
+
+async def test_a_second_signal_does_not_close_envs_under_a_running_round(
+    bed: Bed, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    worker = SlowWorker()
+    monkeypatch.setattr(pod_service, "make_worker", lambda *args: worker)
+    with caplog.at_level(logging.INFO):
+        ctx, task = bed.start(pod_service.main, "pod-sig")
+        await bed.transport.publish("generator", init(bed.settings.experiment.name))
+        assert await asyncio.to_thread(worker.started.wait, 30)
+        ctx.stop()  # first signal
+        task.cancel()  # second signal
+        await until(lambda: worker.closed_while_running is not None or any(
+            "waiting for the running round" in r.getMessage() for r in caplog.records))
+        worker.finish.set()  # the round ends (its final evaluation done)
+        await asyncio.wait({task}, timeout=30)
+    assert task.cancelled()
+    assert worker.closed_while_running is False
+    await ctx.close()
