@@ -8,6 +8,10 @@ decode, and hand out :class:`AmqpDelivery` objects (work queues) or messages (ev
   redelivers them); settling one whose channel died logs a warning instead of raising.
 - Undecodable work messages are dead-lettered, undecodable events dropped, each with
   one warning line.
+- A subscription's inbox is an :class:`EventInbox`: bounded like the server-side queue
+  (``SUBSCRIBER_BACKLOG``, drop-head). Its consumer is no-ack, so the server pushes as
+  fast as events come; a subscriber that reads slower than that loses its oldest events
+  (counted, with a warning) instead of growing without bound.
 - :func:`watch_consumer` notices a consumer the server cancelled; if aio-pika does not
   restore it within the grace period it puts ``ConnectionClosed`` into the inbox, so the
   iterator raises and the service exits instead of stalling silently.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import TYPE_CHECKING, Generic, TypeVar, cast
@@ -149,6 +154,48 @@ class AmqpEvents:
             except MessageError as exc:
                 log.warning("dropped event %r (%r): %s", raw.message_id or "?",
                             raw.routing_key, exc)
+
+
+class EventInbox(asyncio.Queue[InboxItem]):
+    """A bounded inbox for a no-ack subscription: when full, the oldest event goes.
+
+    ``put`` never waits (the channel's callback must not stall on a slow reader). A
+    control item (``None``, an error) is never dropped; it pushes out an event instead.
+    """
+
+    WARN_EVERY = 1000
+    """After the first dropped event, one warning per this many more."""
+
+    def __init__(self, maxsize: int, name: str = "subscription") -> None:
+        super().__init__(maxsize)
+        self.name = name
+        self.dropped = 0
+        """Events dropped so far because the reader fell behind."""
+
+    def put_nowait(self, item: InboxItem) -> None:
+        """Append ``item``, dropping the oldest event first when full."""
+        if self.full():
+            # ``_queue`` is the deque asyncio.Queue keeps for subclasses (LifoQueue, ...)
+            queued: deque[InboxItem] = self._queue  # type: ignore[attr-defined]
+            oldest = next((q for q in queued if _is_event(q)), None)
+            if oldest is not None:
+                queued.remove(oldest)
+                self._count()
+        super().put_nowait(item)
+
+    async def put(self, item: InboxItem) -> None:
+        """``put_nowait`` (never waits)."""
+        self.put_nowait(item)
+
+    def _count(self) -> None:
+        self.dropped += 1
+        if self.dropped == 1 or self.dropped % self.WARN_EVERY == 0:
+            log.warning("%s: reader behind by %d events; dropped the oldest (%d so far)",
+                        self.name, self.maxsize, self.dropped)
+
+
+def _is_event(item: InboxItem) -> bool:
+    return item is not None and not isinstance(item, BaseException)
 
 
 async def take(inbox: asyncio.Queue[InboxItem]) -> AbstractIncomingMessage:
