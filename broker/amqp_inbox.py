@@ -6,6 +6,7 @@ decode, and hand out :class:`AmqpDelivery` objects (work queues) or messages (ev
 
 - Deliveries received on a channel that has since closed are dropped (the broker
   redelivers them); settling one whose channel died logs a warning instead of raising.
+- Acking a claim-checked delivery deletes its blob (a dead-lettered one keeps it).
 - Undecodable work messages are dead-lettered, undecodable events dropped, each with
   one warning line.
 - A subscription's inbox is an :class:`EventInbox`: bounded like the server-side queue
@@ -31,6 +32,7 @@ import aiormq
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
 
 from broker.errors import ConnectionClosed, MessageError
+from broker.messages import CLAIM_CONTENT_TYPE, claim_of
 from broker.schemas import Message
 from broker.transport import Delivery, decode
 
@@ -52,10 +54,12 @@ InboxItem = AbstractIncomingMessage | BaseException | None
 class AmqpDelivery(Generic[M]):
     """A delivery from RabbitMQ; settle it exactly once."""
 
-    def __init__(self, raw: AbstractIncomingMessage, message: M, queue: str) -> None:
+    def __init__(self, raw: AbstractIncomingMessage, message: M, queue: str,
+                 blobs: BlobStore | None = None) -> None:
         self._raw = raw
         self._message = message
         self._queue = queue
+        self._blobs = blobs
         self._settled = False
 
     @property
@@ -68,22 +72,28 @@ class AmqpDelivery(Generic[M]):
         """True if RabbitMQ delivered this message before."""
         return bool(self._raw.redelivered)
 
-    async def _settle(self, what: str, action: Callable[[], Awaitable[None]]) -> None:
+    async def _settle(self, what: str, action: Callable[[], Awaitable[None]]) -> bool:
         if self._settled:
             raise RuntimeError("delivery settled twice (ack/nack/reject once per delivery)")
         self._settled = True
         try:
             await action()
+            return True
         except BROKER_ERRORS as exc:
             # The channel died under us: the broker requeues the message by itself, and
             # idempotent handlers make the redelivery harmless. Raising would only crash
             # a service that can do nothing about it.
             log.warning("%s of message %s on %s lost (%s); it will be redelivered",
                         what, self._message.id, self._queue, exc or type(exc).__name__)
+            return False
 
     async def ack(self) -> None:
-        """Forget the message."""
-        await self._settle("ack", self._raw.ack)
+        """Forget the message, and its claim-checked blob with it (nothing else reads it:
+        a blob is named by the message's own bytes)."""
+        acked = await self._settle("ack", self._raw.ack)
+        if acked and self._blobs is not None and self._raw.content_type == CLAIM_CONTENT_TYPE:
+            with suppress(MessageError):
+                self._blobs.delete(claim_of(self._raw.body).sha256)
 
     async def nack(self, requeue: bool = True) -> None:
         """Put the message back (``requeue=False``: dead-letter it)."""
@@ -130,7 +140,7 @@ class AmqpDeliveries(Generic[M]):
                 with suppress(*BROKER_ERRORS):
                     await raw.reject(requeue=False)
                 continue
-            return AmqpDelivery(raw, message, self._name)
+            return AmqpDelivery(raw, message, self._name, self._blobs)
 
 
 class AmqpEvents:

@@ -7,7 +7,8 @@ For every ``Checkpoint`` on the ``updater`` queue it
    builds for these hyperparameters, and every floating tensor is finite;
 2. optionally re-evaluates it with its own evaluator (``--reevaluate``), otherwise it
    trusts the pod's score;
-3. stores it (``LeaderboardStore.insert``: blob, then the SQLite row; idempotent by id);
+3. stores it (``LeaderboardStore.insert``: blob, then the SQLite row; idempotent by id)
+   and prunes the blobs the retention policy no longer keeps (``LeaderboardStore.prune``);
 4. acks only after that commit;
 5. publishes ``leaderboard.changed`` with the top-K, the number of checkpoints and the
    env steps they cost (the orchestrator's stop condition reads them).
@@ -49,7 +50,7 @@ from broker.supervise import Backoff
 from broker.transport import Delivery, Transport
 from envs.base import VecEnv
 from envs.registry import make_env
-from leaderboard.store import LeaderboardStore
+from leaderboard.store import LeaderboardStore, Retention
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,8 @@ class Updater:
         self.reevaluate = reevaluate
         self.experiment = ctx.settings.experiment
         self.validator = CheckpointValidator(registry, self.experiment.env)
+        self.retention = Retention(top_k=max(self.experiment.top_k, Retention.top_k))
+        """Whose state blobs stay on disk (``LeaderboardStore.prune``)."""
         self.stored = 0
 
     def _reevaluated(self, checkpoint: Checkpoint) -> Checkpoint:
@@ -174,6 +177,7 @@ class Updater:
         inserted = self.store.insert(checkpoint)
         if not inserted.new:
             return False, None
+        self.store.prune(self.retention)  # disk stays flat: see leaderboard.store
         top = self.store.top(self.experiment.top_k)
         return True, LeaderboardChanged(
             experiment=self.experiment.name, best_id=top[0].id, best_score=top[0].score_mean,
