@@ -300,16 +300,22 @@ class Pod:
         """Publish ``checkpoint``, retrying with backoff while the blob store or the
         broker fails (the round's work is kept); False if the pod stopped meanwhile."""
         backoff = Backoff(*TRANSIENT_BACKOFF)
+        status = self.status
         while True:
             try:
                 await self.transport.publish("updater", checkpoint)
+                self.status = status
                 return True
             except (TransientError, BrokerError) as exc:
+                if self.ctx.stopping.is_set() and backoff.attempt >= STOPPING_TRIES:
+                    log.error("%s: checkpoint %s not published: %s; stopping, so its round "
+                              "goes back to the queue", self.ctx.name, checkpoint.id[:8], exc)
+                    self.status = status
+                    return False
+                self.status = "publishing (retrying)"
                 delay = backoff.next()
                 log.error("%s: checkpoint %s not published: %s; retry in %.1f s",
                           self.ctx.name, checkpoint.id[:8], exc, delay)
-                if self.ctx.stopping.is_set() and backoff.attempt > STOPPING_TRIES:
-                    return False
                 await asyncio.sleep(delay)  # a backoff, not a synchronization
 
     async def serve(self) -> None:

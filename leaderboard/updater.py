@@ -177,7 +177,10 @@ class Updater:
         inserted = self.store.insert(checkpoint)
         if not inserted.new:
             return False, None
-        self.store.prune(self.retention)  # disk stays flat: see leaderboard.store
+        try:
+            self.store.prune(self.retention)  # disk stays flat: see leaderboard.store
+        except PodracerError as exc:  # stored already: pruning waits for the next one
+            log.warning("retention skipped: %s", exc)
         top = self.store.top(self.experiment.top_k)
         return True, LeaderboardChanged(
             experiment=self.experiment.name, best_id=top[0].id, best_score=top[0].score_mean,
