@@ -2,8 +2,8 @@
 
 For every ``Checkpoint`` on the ``updater`` queue it
 
-1. validates it beyond its schema: the env is this experiment's, the algorithm is
-   known, every tensor of ``state`` has the name, shape and dtype that the algorithm
+1. validates it beyond its schema: the env is this experiment's, the algorithm is in
+   its mix, every tensor of ``state`` has the name, shape and dtype that the algorithm
    builds for these hyperparameters, and every floating tensor is finite;
 2. optionally re-evaluates it with its own evaluator (``--reevaluate``), otherwise it
    trusts the pod's score;
@@ -171,6 +171,10 @@ class Updater:
         return dataclasses.replace(checkpoint, score_mean=result.mean, score_std=result.std)
 
     def _accept(self, checkpoint: Checkpoint) -> tuple[bool, LeaderboardChanged | None]:
+        if checkpoint.algorithm not in self.experiment.algos:
+            # ranked, it would become a parent whose rounds no pod may build
+            raise ConfigError("algorithm", f"{checkpoint.algorithm[:100]!r} is not in this "
+                              f"experiment's mix ({', '.join(sorted(self.experiment.algos))})")
         self.validator.check(checkpoint)
         if self.reevaluate:
             checkpoint = self._reevaluated(checkpoint)

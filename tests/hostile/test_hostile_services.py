@@ -278,3 +278,32 @@ async def test_pod_refuses_what_is_not_its_experiments_to_build(
     assert all("\n" not in line for line in lines)
     for _, data in foreign:
         assert sum(data["id"] in line for line in lines) == 1, data["id"]
+
+
+async def test_updater_refuses_an_algorithm_outside_the_experiments_mix(
+    services: Services, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A sound SAC checkpoint in a PPO-only experiment is refused: ranked, it would
+    become a parent whose rounds no pod of the experiment may build."""
+    rig = services.rig
+    exp = rig.experiment
+    sac = {"num_envs": 2, "hidden_size": 16}
+    env = make_env(ENV, 2, "cpu")
+    try:
+        agent = build_agent(default_registry(), "sac", sac, env, torch.device("cpu"), 0)
+    finally:
+        env.close()
+    foreign = checkpoint(exp, agent.state_dict(), algorithm="sac", hparams=sac)
+    good = checkpoint(exp, ppo_state())
+    with caplog.at_level(logging.WARNING):
+        async with rig.transport.subscribe(["leaderboard.changed"]) as events:
+            ctx, task = services.start(updater_service.main, "updater-f")
+            await rig.transport.publish("updater", foreign)
+            await rig.transport.publish("updater", good)
+            changed = await alive_until(anext(events), task)
+            assert isinstance(changed, LeaderboardChanged) and changed.best_id == good.id
+            assert await depth(rig, "updater.dead", 1) == 1
+            assert await stop(ctx, task) == 0
+    with LeaderboardStore(services.settings.store) as store:
+        assert [e.id for e in store.top(10)] == [good.id]
+    assert sum(foreign.id in line for line in one_line_warnings(caplog)) == 1
