@@ -42,7 +42,13 @@ from agents.round import build_agent, resolve_config
 from broker.blobstore import FileBlobStore
 from broker.connect import Connector
 from broker.control import drain_until_idle, watch_stop
-from broker.errors import BrokerError, ConfigError, PodracerError, SchemaError
+from broker.errors import (
+    BrokerError,
+    ConfigError,
+    PodracerError,
+    SchemaError,
+    StoreUnavailable,
+)
 from broker.schemas import Checkpoint, LeaderboardChanged
 from broker.service import ServiceContext
 from broker.settings import Settings
@@ -251,6 +257,28 @@ class Updater:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.ctx.stopping.wait(), delay)
 
+    async def serve(self, pods_done: asyncio.Event | None) -> None:
+        """Consume checkpoints until drained (see ``main``); while the blob store cannot
+        be read (a claim check on a volume not mounted yet) stop consuming and back off."""
+        backoff = Backoff(*STORE_BACKOFF)
+        while True:
+            try:
+                async with self.transport.consume("updater", prefetch=PREFETCH,
+                                                  expect=Checkpoint) as inbox:
+                    async for delivery in drain_until_idle(self.ctx, aiter(inbox),
+                                                            DRAIN_IDLE_S, pods_done):
+                        backoff.reset()
+                        if not await self.settle(delivery):
+                            return  # stopping while the store is down
+                return
+            except StoreUnavailable as exc:
+                delay = backoff.next()
+                log.error("%s; not consuming for %.1f s", exc, delay)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.ctx.stopping.wait(), delay)
+                if self.ctx.stopping.is_set():
+                    return
+
 
 async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
                connect: Connector, reevaluate: bool = False,
@@ -267,12 +295,7 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
             ctx.heartbeat(transport, role="updater")
             stop_task = asyncio.create_task(watch_stop(ctx, transport))
             try:
-                async with transport.consume("updater", prefetch=PREFETCH,
-                                             expect=Checkpoint) as inbox:
-                    async for delivery in drain_until_idle(ctx, aiter(inbox), DRAIN_IDLE_S,
-                                                            pods_done):
-                        if not await updater.settle(delivery):
-                            break  # stopping while the store is down
+                await updater.serve(pods_done)
             finally:
                 stop_task.cancel()
                 await asyncio.gather(stop_task, return_exceptions=True)

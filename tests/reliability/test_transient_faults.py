@@ -364,3 +364,30 @@ async def test_a_second_signal_does_not_close_envs_under_a_running_round(
     assert task.cancelled()
     assert worker.closed_while_running is False
     await ctx.close()
+
+
+@pytest.mark.rabbitmq
+async def test_updater_waits_for_an_unmounted_store_instead_of_crashing(
+    amqp_url: str, experiment: str, tmp_path: Path, wire: Callable[..., Any],
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    from reliability_states import ppo_checkpoint
+
+    monkeypatch.setattr(updater_service, "STORE_BACKOFF", FAST)
+    shared, mount = tmp_path / "shared", tmp_path / "mount"
+    async for bed in bed_for(amqp_url, None, experiment, shared, wire, inline_limit=1024):
+        with caplog.at_level(logging.ERROR):
+            async with bed.transport.subscribe(["leaderboard.changed"]) as events:
+                ctx, task = bed.start(updater_service.main, "updater-mount", store=mount)
+                checkpoint = ppo_checkpoint(experiment, ENV, PPO, score=-100.0)
+                await bed.transport.publish("updater", checkpoint)  # claim-checked
+                await until(lambda: any("not mounted" in r.getMessage()
+                                        for r in caplog.records), task)
+                assert await bed.depth("updater.dead") == 0
+                shutil.rmtree(mount / "blobs")
+                shutil.copytree(shared / "blobs", mount / "blobs")  # the volume appears
+                changed = await asyncio.wait_for(anext(events), 60)
+                assert isinstance(changed, LeaderboardChanged)
+                assert changed.best_id == checkpoint.id
+                assert await bed.depth("updater.dead") == 0
+                assert await stop(ctx, task) == 0
