@@ -53,7 +53,7 @@ from agents.runner import (
 )
 from broker.blobstore import FileBlobStore
 from broker.connect import Connector
-from broker.control import watch_stop
+from broker.control import sleep_or_stop, watch_stop
 from broker.errors import (
     BrokerError,
     EnvUnavailable,
@@ -247,8 +247,7 @@ class Pod:
                       self.ctx.name, init.id[:8], type(exc).__name__,
                       str(exc).splitlines()[0] if str(exc) else "", delay)
             log.debug("traceback", exc_info=True)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.ctx.stopping.wait(), delay)
+            await sleep_or_stop(self.ctx, delay)
             await delivery.nack(requeue=True)
             return
         finally:
@@ -335,8 +334,7 @@ class Pod:
                 self.status = "waiting for the blob store"
                 delay = backoff.next()
                 log.error("%s: %s; not consuming for %.1f s", self.ctx.name, exc, delay)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.ctx.stopping.wait(), delay)
+                await sleep_or_stop(self.ctx, delay)
                 continue
             if self.unavailable is None:
                 return

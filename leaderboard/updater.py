@@ -27,7 +27,6 @@ down it returns what it holds and exits.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
@@ -41,7 +40,7 @@ from agents.evaluator import evaluate
 from agents.round import build_agent, resolve_config
 from broker.blobstore import FileBlobStore
 from broker.connect import Connector
-from broker.control import drain_until_idle, watch_stop
+from broker.control import drain_until_idle, sleep_or_stop, watch_stop
 from broker.errors import (
     BrokerError,
     ConfigError,
@@ -254,8 +253,7 @@ class Updater:
             delay = backoff.next()
             log.error("checkpoint %s not stored: %s; not consuming, retry in %.1f s",
                       delivery.message.id[:8], failure, delay)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.ctx.stopping.wait(), delay)
+            await sleep_or_stop(self.ctx, delay)
 
     async def serve(self, pods_done: asyncio.Event | None) -> None:
         """Consume checkpoints until drained (see ``main``); while the blob store cannot
@@ -274,8 +272,7 @@ class Updater:
             except StoreUnavailable as exc:
                 delay = backoff.next()
                 log.error("%s; not consuming for %.1f s", exc, delay)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.ctx.stopping.wait(), delay)
+                await sleep_or_stop(self.ctx, delay)
                 if self.ctx.stopping.is_set():
                     return
 
