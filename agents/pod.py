@@ -165,6 +165,7 @@ class Pod:
         self.backoff = Backoff(*TRANSIENT_BACKOFF)
         """Delays before a round that failed on this node goes back to the queue."""
         self.running: asyncio.Future[RoundOutput] | None = None
+        """The round in the worker (it outlives a cancelled ``handle``: see ``main``)."""
         self._progress: asyncio.Queue[Progress] = asyncio.Queue(maxsize=64)
 
     # ---------------------------------------------------------------- one round
