@@ -79,6 +79,8 @@ class InitializationMaker:
                                selection, store, self.rng,
                                lost_after_s=3 * round_seconds(experiment) + 120.0)
         self._fresh: dict[str, int] = {}
+        self._unreadable: set[str] = set()
+        """Parents whose state could not be read (warned about once each)."""
 
     def set_pods(self, pods: int) -> None:
         """Follow the number of pods (lineages per algorithm, when derived)."""
@@ -96,8 +98,10 @@ class InitializationMaker:
         except MessageError as exc:
             # an unreadable parent (blob lost or corrupted) must not stop the tournament
             assert plan.parent is not None  # only a parent's state is read
-            log.warning("parent %s is unreadable (%s); skipped: a fresh %s lineage instead",
-                        plan.parent.id, exc, plan.algorithm)
+            log.log(logging.DEBUG if plan.parent.id in self._unreadable else logging.WARNING,
+                    "parent %s is unreadable (%s); skipped: a fresh %s lineage instead",
+                    plan.parent.id, exc, plan.algorithm)
+            self._unreadable.add(plan.parent.id)
             plan = dataclasses.replace(plan, parent=None, mutate=False,
                                        reason=f"parent {plan.parent.id} unreadable")
             init = self._build(plan)
