@@ -19,6 +19,8 @@ published: a redelivery would diverge again). So:
   another pod takes it (after ``DELIVERY_LIMIT`` deliveries the broker dead-letters it);
 * an initialization the pod cannot use (unknown algorithm or env, bad hyperparameters,
   tensors of the wrong shape) is rejected to ``generator.dead`` with a one-line reason;
+  so is one that names an env or algorithm outside the pod's own experiment: a message
+  is not a command, and nothing it names is imported or opened (``Pod.refusal``);
 * ``control.stop`` or SIGTERM ends the round early; the shortened round is still
   evaluated and published (the work is not lost), then the pod exits 0. Only a round
   that fails is put back (nack) for another pod;
@@ -43,6 +45,7 @@ from agents.runner import (
     BuildError,
     ProcessWorker,
     RoundJob,
+    RoundOutput,
     RoundRunner,
     RunnerConfig,
     ThreadWorker,
@@ -50,11 +53,18 @@ from agents.runner import (
 )
 from broker.blobstore import FileBlobStore
 from broker.connect import Connector
-from broker.control import watch_stop
-from broker.errors import BrokerError
+from broker.control import sleep_or_stop, watch_stop
+from broker.errors import (
+    BrokerError,
+    EnvUnavailable,
+    PublishError,
+    StoreUnavailable,
+    TransientError,
+)
 from broker.schemas import Budget, Checkpoint, Initialization, Metrics
 from broker.service import ServiceContext
 from broker.settings import Settings
+from broker.supervise import Backoff
 from broker.transport import Delivery, Transport
 from envs.registry import make_env
 
@@ -62,6 +72,10 @@ log = logging.getLogger(__name__)
 
 METRICS_EVERY_S = 2.0
 """Seconds between two ``metrics.<pod>`` events while training."""
+TRANSIENT_BACKOFF = (1.0, 60.0)
+"""First and longest delay (s) before retrying after a fault of this node or moment."""
+STOPPING_TRIES = 3
+"""Publish tries left to a stopping pod before it puts the round back instead."""
 MAX_ROUND_S = 25 * 60.0
 """A round never trains longer: RabbitMQ closes a channel whose delivery stays unacked
 past ``consumer_timeout`` (30 min by default), which would redeliver the round forever."""
@@ -119,7 +133,8 @@ class _Chain:
     async def _send(self, checkpoint: Checkpoint, previous: asyncio.Task[None] | None) -> None:
         if previous is not None:
             await asyncio.shield(previous)
-        await self.pod.transport.publish("updater", checkpoint)
+        if not await self.pod.publish_checkpoint(checkpoint):
+            raise PublishError(f"intermediate checkpoint {checkpoint.id} not published")
         log.info("%s: round %s: intermediate best %.2f published", self.pod.ctx.name,
                  self.init.id[:8], checkpoint.score_mean)
 
@@ -145,6 +160,12 @@ class Pod:
         self.cache = cache
         self.status = "idle"
         self.rounds = 0
+        self.unavailable: str | None = None
+        """Why this node cannot run the experiment's env (it then takes no rounds)."""
+        self.backoff = Backoff(*TRANSIENT_BACKOFF)
+        """Delays before a round that failed on this node goes back to the queue."""
+        self.running: asyncio.Future[RoundOutput] | None = None
+        """The round in the worker (it outlives a cancelled ``handle``: see ``main``)."""
         self._progress: asyncio.Queue[Progress] = asyncio.Queue(maxsize=64)
 
     # ---------------------------------------------------------------- one round
@@ -178,9 +199,28 @@ class Pod:
         with contextlib.suppress(asyncio.QueueFull):
             self._progress.put_nowait(progress)
 
+    def refusal(self, init: Initialization) -> str | None:
+        """Why ``init`` is not this pod's to build, or ``None``.
+
+        A message is not a command: an env name imports modules (``gym/<module>:<id>``)
+        and opens files (``stock/<path>``), so a pod builds only its own experiment's env
+        and algorithms, checked before anything is built, imported or opened."""
+        exp = self.ctx.settings.experiment
+        if init.env != exp.env:
+            return (f"env {init.env[:200]!r} is not this experiment's ({exp.env!r}); "
+                    "refused unbuilt")
+        if init.algorithm not in exp.algos:
+            return (f"algorithm {init.algorithm[:100]!r} is not in this experiment's mix "
+                    f"({', '.join(sorted(exp.algos))}); refused unbuilt")
+        return None
+
     async def handle(self, delivery: Delivery[Initialization]) -> None:
         """Train one initialization and settle its delivery (see the module doc)."""
         init = delivery.message
+        refusal = self.refusal(init)
+        if refusal is not None:
+            await delivery.reject(f"unusable initialization {init.id}: {refusal}")
+            return
         job = self._job(init)
         chain = _Chain(self, init)
         self.status = f"training {init.algorithm}"
@@ -189,21 +229,31 @@ class Pod:
                  f", {job.replay['replay.obs'].shape[0]} replay rows kept"
                  if job.replay is not None else "")
         try:
-            output = await asyncio.to_thread(self.worker.run, job,
-                                             self._report(asyncio.get_running_loop(), chain),
-                                             self.ctx.stopping.is_set)
+            output = await self._run(job, chain)
             await chain.published()
         except BuildError as exc:
             await delivery.reject(f"unusable initialization {init.id}: {exc}")
             return
+        except EnvUnavailable as exc:
+            # this node cannot run the experiment's env: hand the round to one that can
+            # and take no more (``serve`` stops consuming)
+            self.unavailable = str(exc)
+            await delivery.nack(requeue=True)
+            return
         except Exception as exc:
-            log.error("%s: round %s failed: %s: %s; returning it to the queue",
-                      self.ctx.name, init.id[:8], type(exc).__name__, exc)
+            # a fault of this node or moment (out of GPU memory, store unwritable, a
+            # worker that died): back off, then put the round back for any pod
+            delay = self.backoff.next()
+            log.error("%s: round %s failed: %s: %s; returning it to the queue in %.1f s",
+                      self.ctx.name, init.id[:8], type(exc).__name__,
+                      str(exc).splitlines()[0] if str(exc) else "", delay)
             log.debug("traceback", exc_info=True)
+            await sleep_or_stop(self.ctx, delay)
             await delivery.nack(requeue=True)
             return
         finally:
             self.status = "idle"
+        self.backoff.reset()
         result = output.result
         if output.replay is not None:
             for link, parent in chain.links_published:
@@ -219,13 +269,81 @@ class Pod:
         if self.ctx.stopping.is_set():
             log.info("%s: stopping; publishing the shortened round %s", self.ctx.name,
                      init.id[:8])
-        await self.transport.publish("updater", chain.last(result, result.state))
+        if not await self.publish_checkpoint(chain.last(result, result.state)):
+            await delivery.nack(requeue=True)  # stopping before the store came back
+            return
         await delivery.ack()
         self.rounds += 1
         log.info("%s: round %s published: score %.2f ± %.2f, %d steps in %.1fs%s",
                  self.ctx.name, init.id[:8], result.score_mean, result.score_std,
                  result.env_steps, result.wall_time,
                  " (target reached)" if result.reached_target else "")
+
+    async def _run(self, job: RoundJob, chain: _Chain) -> RoundOutput:
+        """Run ``job`` on the worker; the round's thread is kept in ``self.running`` so
+        that a cancelled pod (second signal) waits for it before closing its envs."""
+        loop = asyncio.get_running_loop()
+        self.running = loop.run_in_executor(
+            None, self.worker.run, job, self._report(loop, chain), self.ctx.stopping.is_set)
+        return await asyncio.shield(self.running)
+
+    async def round_finished(self) -> None:
+        """Wait until no round runs in the worker (its envs may then be closed)."""
+        if self.running is not None and not self.running.done():
+            log.info("%s: waiting for the running round to end before closing its envs",
+                     self.ctx.name)
+            await asyncio.wait({self.running})
+        if self.running is not None and not self.running.cancelled():
+            self.running.exception()  # retrieved: a cancelled handle never will be
+
+    async def publish_checkpoint(self, checkpoint: Checkpoint) -> bool:
+        """Publish ``checkpoint``, retrying with backoff while the blob store or the
+        broker fails (the round's work is kept); False if the pod stopped meanwhile."""
+        backoff = Backoff(*TRANSIENT_BACKOFF)
+        status = self.status
+        while True:
+            try:
+                await self.transport.publish("updater", checkpoint)
+                self.status = status
+                return True
+            except (TransientError, BrokerError) as exc:
+                if self.ctx.stopping.is_set() and backoff.attempt >= STOPPING_TRIES:
+                    log.error("%s: checkpoint %s not published: %s; stopping, so its round "
+                              "goes back to the queue", self.ctx.name, checkpoint.id[:8], exc)
+                    self.status = status
+                    return False
+                self.status = "publishing (retrying)"
+                delay = backoff.next()
+                log.error("%s: checkpoint %s not published: %s; retry in %.1f s",
+                          self.ctx.name, checkpoint.id[:8], exc, delay)
+                await asyncio.sleep(delay)  # a backoff, not a synchronization
+
+    async def serve(self) -> None:
+        """Take initializations until stopping; stop consuming while this node cannot do
+        the work: the store unreadable (back off, then consume again), or the
+        experiment's env not buildable here (for good: say so, keep heartbeating)."""
+        backoff = Backoff(*TRANSIENT_BACKOFF)
+        while not self.ctx.stopping.is_set():
+            try:
+                async with self.transport.consume("generator", prefetch=1,
+                                                  expect=Initialization) as inbox:
+                    async for delivery in self.ctx.until_stopping(inbox):
+                        await self.handle(delivery)
+                        if self.unavailable is not None:
+                            break
+            except StoreUnavailable as exc:
+                self.status = "waiting for the blob store"
+                delay = backoff.next()
+                log.error("%s: %s; not consuming for %.1f s", self.ctx.name, exc, delay)
+                await sleep_or_stop(self.ctx, delay)
+                continue
+            if self.unavailable is None:
+                return
+            self.status = f"unavailable: {self.unavailable}"[:200]
+            log.error("%s: cannot run this experiment's env %r on this node: %s; stopped "
+                      "taking rounds (the queue keeps them for pods that can)", self.ctx.name,
+                      self.ctx.settings.experiment.env, self.unavailable)
+            await self.ctx.stopping.wait()
 
     # ---------------------------------------------------------------- side tasks
 
@@ -272,18 +390,16 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
     blobs = FileBlobStore(settings.store)
     runner = await asyncio.to_thread(make_worker, settings, registry, worker)
     cache = cache if cache is not None else ReplayCache(default_cache_bytes())
+    pod: Pod | None = None
     try:
         async with connect(experiment=settings.experiment.name, blobs=blobs) as transport:
             pod = Pod(ctx, transport, runner, cache)
-            ctx.heartbeat(transport, role="pod", status_fn=lambda: pod.status)
+            ctx.heartbeat(transport, role="pod", status_fn=lambda: pod.status if pod else "")
             side = [asyncio.create_task(watch_stop(ctx, transport)),
                     asyncio.create_task(pod.publish_metrics())]
             started = time.monotonic()
             try:
-                async with transport.consume("generator", prefetch=1,
-                                             expect=Initialization) as inbox:
-                    async for delivery in ctx.until_stopping(inbox):
-                        await pod.handle(delivery)
+                await pod.serve()
             finally:
                 for task in side:
                     task.cancel()
@@ -291,5 +407,7 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
             log.info("%s: stopped after %d rounds in %.0fs (replay cache: %d hits, %d misses)",
                      ctx.name, pod.rounds, time.monotonic() - started, cache.hits, cache.misses)
     finally:
+        if pod is not None:
+            await pod.round_finished()  # never close envs under a running round
         await asyncio.to_thread(runner.close)
     return 0

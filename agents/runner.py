@@ -34,7 +34,13 @@ from agents.continuity import EnvPool, Rows, fit_rows, replay_rows
 from agents.learners import LearnerGroup, build_learners
 from agents.replay import ReplayBuffer
 from agents.round import Progress, RoundResult, resolve_config, train_round
-from broker.errors import ConfigError, PodracerError
+from broker.errors import (
+    ConfigError,
+    EnvUnavailable,
+    PodracerError,
+    ResourceExhausted,
+    TransientError,
+)
 from broker.schemas import Budget
 from envs.base import VecEnv
 
@@ -73,6 +79,20 @@ class RoundOutput:
 
 class BuildError(PodracerError):
     """The job cannot be built: the message is unusable (it goes to the dead letters)."""
+
+
+def node_fault(exc: Exception) -> None:
+    """Raise ``exc`` as a ``TransientError`` when it is a fault of this node, not the job.
+
+    Out of GPU memory is ``ResourceExhausted``; a missing simulator (an ``ImportError``
+    while building the experiment's own env: the pod builds no other) is
+    ``EnvUnavailable``. Anything else returns: the caller decides."""
+    if isinstance(exc, TransientError):
+        raise exc
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        raise ResourceExhausted(f"out of GPU memory: {str(exc).splitlines()[0]}") from None
+    if isinstance(exc, ImportError):
+        raise EnvUnavailable(f"cannot import {exc.name or exc}: {exc}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,12 +154,14 @@ class RoundRunner:
 
     def run(self, job: RoundJob, report: Report | None = None,
             should_stop: ShouldStop | None = None) -> RoundOutput:
-        """Build and train ``job``; ``BuildError`` when the job itself is unusable."""
+        """Build and train ``job``; ``BuildError`` when the job itself is unusable,
+        ``TransientError`` for a fault of this node (``node_fault``)."""
         try:
             agent, envs, eval_env = self._build(job)
         except ConfigError as exc:
             raise BuildError(str(exc)) from None
         except Exception as exc:
+            node_fault(exc)
             # Building depends only on the message: sizes that overflow an allocation, a
             # state whose counters are not scalars... Every pod would fail the same way.
             log.debug("traceback", exc_info=True)
@@ -152,9 +174,11 @@ class RoundRunner:
                                  eval_episodes=self.config.eval_episodes, target=job.target,
                                  snapshot_every_s=self.config.snapshot_every_s,
                                  auto_start_s=self._eval_every.get(job.env))
-        except BaseException:
+        except BaseException as exc:
             for env in [*envs, eval_env]:  # mid-episode state of a failed round: rebuild
                 env.close()
+            if isinstance(exc, Exception):
+                node_fault(exc)
             raise
         self._give_back(job.env, envs, eval_env)
         if result.eval_every_s is not None:
@@ -209,6 +233,8 @@ def _serve(conn: multiprocessing.connection.Connection, stop: Any,
                 output = runner.run(job, report, stop.is_set)
             except BuildError as exc:
                 conn.send(("build-error", str(exc)))
+            except TransientError as exc:
+                conn.send(("transient", exc))  # a local pipe to our own parent
             except Exception as exc:
                 conn.send(("error", f"{type(exc).__name__}: {exc}"))
             else:
@@ -272,6 +298,8 @@ class ProcessWorker:
                         return output
                     elif kind == "build-error":
                         raise BuildError(payload)
+                    elif kind == "transient":
+                        raise payload
                     else:
                         raise PodracerError(payload)
             except (EOFError, BrokenPipeError, ConnectionResetError):

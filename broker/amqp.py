@@ -58,6 +58,7 @@ from broker.amqp_inbox import (
     BROKER_ERRORS,
     AmqpDeliveries,
     AmqpEvents,
+    EventInbox,
     InboxItem,
     watch_consumer,
 )
@@ -373,7 +374,7 @@ class AmqpTransport:
         """Receive events matching ``patterns`` published from now on (best effort), on a
         queue named after ``service`` (default: this process's role) and the process."""
         checked = [check_pattern(p) for p in patterns]
-        inbox: asyncio.Queue[InboxItem] = asyncio.Queue()
+        inbox: asyncio.Queue[InboxItem] = EventInbox(SUBSCRIBER_BACKLOG, ", ".join(checked))
 
         async def on_message(raw: AbstractIncomingMessage) -> None:
             await inbox.put(raw)

@@ -6,8 +6,13 @@ decode, and hand out :class:`AmqpDelivery` objects (work queues) or messages (ev
 
 - Deliveries received on a channel that has since closed are dropped (the broker
   redelivers them); settling one whose channel died logs a warning instead of raising.
+- Acking a claim-checked delivery deletes its blob (a dead-lettered one keeps it).
 - Undecodable work messages are dead-lettered, undecodable events dropped, each with
   one warning line.
+- A subscription's inbox is an :class:`EventInbox`: bounded like the server-side queue
+  (``SUBSCRIBER_BACKLOG``, drop-head). Its consumer is no-ack, so the server pushes as
+  fast as events come; a subscriber that reads slower than that loses its oldest events
+  (counted, with a warning) instead of growing without bound.
 - :func:`watch_consumer` notices a consumer the server cancelled; if aio-pika does not
   restore it within the grace period it puts ``ConnectionClosed`` into the inbox, so the
   iterator raises and the service exits instead of stalling silently.
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import TYPE_CHECKING, Generic, TypeVar, cast
@@ -26,6 +32,7 @@ import aiormq
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
 
 from broker.errors import ConnectionClosed, MessageError
+from broker.messages import CLAIM_CONTENT_TYPE, claim_of
 from broker.schemas import Message
 from broker.transport import Delivery, decode
 
@@ -51,11 +58,13 @@ class AmqpDelivery(Generic[M]):
     """A delivery from RabbitMQ; settle it exactly once."""
 
     def __init__(self, raw: AbstractIncomingMessage, message: M, queue: str,
-                 dead_letter: DeadLetter | None = None) -> None:
+                 dead_letter: DeadLetter | None = None,
+                 blobs: BlobStore | None = None) -> None:
         self._raw = raw
         self._message = message
         self._queue = queue
         self._dead_letter = dead_letter
+        self._blobs = blobs
         self._settled = False
 
     @property
@@ -68,22 +77,28 @@ class AmqpDelivery(Generic[M]):
         """True if RabbitMQ delivered this message before."""
         return bool(self._raw.redelivered)
 
-    async def _settle(self, what: str, action: Callable[[], Awaitable[None]]) -> None:
+    async def _settle(self, what: str, action: Callable[[], Awaitable[None]]) -> bool:
         if self._settled:
             raise RuntimeError("delivery settled twice (ack/nack/reject once per delivery)")
         self._settled = True
         try:
             await action()
+            return True
         except BROKER_ERRORS as exc:
             # The channel died under us: the broker requeues the message by itself, and
             # idempotent handlers make the redelivery harmless. Raising would only crash
             # a service that can do nothing about it.
             log.warning("%s of message %s on %s lost (%s); it will be redelivered",
                         what, self._message.id, self._queue, exc or type(exc).__name__)
+            return False
 
     async def ack(self) -> None:
-        """Forget the message."""
-        await self._settle("ack", self._raw.ack)
+        """Forget the message, and its claim-checked blob with it (nothing else reads it:
+        a blob is named by the message's own bytes)."""
+        acked = await self._settle("ack", self._raw.ack)
+        if acked and self._blobs is not None and self._raw.content_type == CLAIM_CONTENT_TYPE:
+            with suppress(MessageError):
+                self._blobs.delete(claim_of(self._raw.body).sha256)
 
     async def nack(self, requeue: bool = True) -> None:
         """Put the message back (``requeue=False``: dead-letter it)."""
@@ -139,7 +154,7 @@ class AmqpDeliveries(Generic[M]):
                     else:
                         await raw.reject(requeue=False)
                 continue
-            return AmqpDelivery(raw, message, self._name, self._dead_letter)
+            return AmqpDelivery(raw, message, self._name, self._dead_letter, self._blobs)
 
 
 class AmqpEvents:
@@ -163,6 +178,48 @@ class AmqpEvents:
             except MessageError as exc:
                 log.warning("dropped event %r (%r): %s", raw.message_id or "?",
                             raw.routing_key, exc)
+
+
+class EventInbox(asyncio.Queue[InboxItem]):
+    """A bounded inbox for a no-ack subscription: when full, the oldest event goes.
+
+    ``put`` never waits (the channel's callback must not stall on a slow reader). A
+    control item (``None``, an error) is never dropped; it pushes out an event instead.
+    """
+
+    WARN_EVERY = 1000
+    """After the first dropped event, one warning per this many more."""
+
+    def __init__(self, maxsize: int, name: str = "subscription") -> None:
+        super().__init__(maxsize)
+        self.name = name
+        self.dropped = 0
+        """Events dropped so far because the reader fell behind."""
+
+    def put_nowait(self, item: InboxItem) -> None:
+        """Append ``item``, dropping the oldest event first when full."""
+        if self.full():
+            # ``_queue`` is the deque asyncio.Queue keeps for subclasses (LifoQueue, ...)
+            queued: deque[InboxItem] = self._queue  # type: ignore[attr-defined]
+            oldest = next((q for q in queued if _is_event(q)), None)
+            if oldest is not None:
+                queued.remove(oldest)
+                self._count()
+        super().put_nowait(item)
+
+    async def put(self, item: InboxItem) -> None:
+        """``put_nowait`` (never waits)."""
+        self.put_nowait(item)
+
+    def _count(self) -> None:
+        self.dropped += 1
+        if self.dropped == 1 or self.dropped % self.WARN_EVERY == 0:
+            log.warning("%s: reader behind by %d events; dropped the oldest (%d so far)",
+                        self.name, self.maxsize, self.dropped)
+
+
+def _is_event(item: InboxItem) -> bool:
+    return item is not None and not isinstance(item, BaseException)
 
 
 async def take(inbox: asyncio.Queue[InboxItem]) -> AbstractIncomingMessage:

@@ -8,11 +8,18 @@ path, so a message names *what* it needs and each reader resolves it under its o
 root. A path is only ever built from a validated 64-char lowercase hex digest, and
 the resolved file must stay inside the root (a symlinked shard or blob that points
 out of the store is refused), so no reference can reach outside the store.
+
+Faults of the store itself are not faults of a message (``StoreUnavailable``, retried by
+the caller with backoff): a write that fails (disk full, I/O error, read-only), and a
+blob missing from a store that has never held one (``blobs/`` is empty: the shared
+volume is not mounted here yet). A blob missing from a store that is in use is a bad
+reference (``BlobError``, dead-lettered).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -24,12 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from broker.errors import BlobError, ConfigError
+from broker.errors import BlobError, ConfigError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
 URI_PREFIX = "blob:sha256:"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+READ_FAULTS = frozenset({errno.EIO, errno.EACCES, errno.ESTALE, errno.ENOTCONN,
+                         errno.ETIMEDOUT, errno.EAGAIN, errno.ENOMEM})
+"""Read errors of the store or the node (a flaky mount, a full table), not the blob."""
 
 
 def check_sha256(sha256: Any, field: str = "sha256") -> str:
@@ -92,6 +102,21 @@ class BlobStore(Protocol):
         """The blob's bytes after checking size and sha256; ``BlobError`` otherwise."""
         ...
 
+    def delete(self, sha256: str) -> int:
+        """Remove a blob (retention, a released claim check); the bytes freed, 0 if it
+        was not there. A failure is logged, never raised: the blob is only kept."""
+        path = self.path_of(sha256)
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except FileNotFoundError:
+            return 0
+        except OSError as e:
+            log.warning("blob %s... not deleted: %s", sha256[:12], e.strerror or e)
+            return 0
+        log.debug("deleted blob %s (%d bytes)", sha256, size)
+        return size
+
     def exists(self, ref: BlobRef) -> bool:
         """Whether the blob is present (not verified)."""
         ...
@@ -141,9 +166,17 @@ class FileBlobStore:
         try:
             self._write(path, view)
         except OSError as e:
-            raise BlobError(f"blob {ref.sha256[:12]}...: write failed: {e}") from None
+            raise StoreUnavailable(f"blob {ref.sha256[:12]}...: write failed: "
+                                   f"{e.strerror or e}") from None
         log.debug("stored blob %s (%d bytes)", ref.sha256, ref.size)
         return ref
+
+    def in_use(self) -> bool:
+        """Whether a blob was ever written here (an empty store may be an unmounted volume)."""
+        try:
+            return any(self._blobs.iterdir())
+        except OSError:
+            return False
 
     def _write(self, path: Path, view: memoryview) -> None:
         path.parent.mkdir(exist_ok=True)
@@ -187,8 +220,14 @@ class FileBlobStore:
                                     f"({ref.size} bytes claimed)")
                 data = f.read(ref.size + 1)
         except FileNotFoundError:
+            if not self.in_use():
+                raise StoreUnavailable(f"blob {ref.sha256[:12]}...: the store {self.root} "
+                                       "holds no blob yet (shared volume not mounted?)") from None
             raise BlobError(f"blob {ref.sha256[:12]}...: not in the store {self.root}") from None
         except OSError as e:
+            if e.errno in READ_FAULTS:
+                raise StoreUnavailable(f"blob {ref.sha256[:12]}...: read failed: "
+                                       f"{e.strerror}") from None
             raise BlobError(f"blob {ref.sha256[:12]}...: read failed: {e.strerror}") from None
         if len(data) != ref.size:  # the file changed under us
             raise BlobError(f"blob {ref.sha256[:12]}...: size differs from the claim "
@@ -196,6 +235,21 @@ class FileBlobStore:
         if hashlib.sha256(data).hexdigest() != ref.sha256:
             raise BlobError(f"blob {ref.sha256[:12]}...: sha256 mismatch (corrupted)")
         return data
+
+    def delete(self, sha256: str) -> int:
+        """Remove a blob (retention, a released claim check); the bytes freed, 0 if it
+        was not there. A failure is logged, never raised: the blob is only kept."""
+        path = self.path_of(sha256)
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except FileNotFoundError:
+            return 0
+        except OSError as e:
+            log.warning("blob %s... not deleted: %s", sha256[:12], e.strerror or e)
+            return 0
+        log.debug("deleted blob %s (%d bytes)", sha256, size)
+        return size
 
     def exists(self, ref: BlobRef) -> bool:
         """Whether a file for this digest is present (contents are verified by ``get``)."""

@@ -53,3 +53,22 @@ class SchemaError(MessageError):
 
 class BlobError(MessageError):
     """A blob reference is invalid: outside the store, missing, or its sha256 differs."""
+
+
+class TransientError(PodracerError):
+    """A fault of this node or this moment, not of the message (store not mounted, disk
+    full, out of GPU memory, a simulator not installed here): the message goes back to
+    its queue after a backoff and is never dead-lettered for it."""
+
+
+class StoreUnavailable(TransientError):
+    """The blob store cannot be read or written right now (not mounted, disk full, I/O)."""
+
+
+class ResourceExhausted(TransientError):
+    """This node ran out of a resource a round needs (GPU memory); another may have it."""
+
+
+class EnvUnavailable(TransientError):
+    """This node cannot build the env (its simulator is not installed here): the pod
+    stops taking such work and says so, and the message waits for a node that can."""

@@ -189,16 +189,17 @@ class _Consumer:
                 message = await decode(envelope.body, envelope.content_type,
                                        blobs=self.transport.blobs, expect=self.expect,
                                        experiment=self.transport.topology.experiment)
-            except asyncio.CancelledError:
-                # the caller gave up waiting: the message was never handed out
-                await self.transport.hub.put(self.queue.name, envelope, front=True)
-                raise
             except MessageError as exc:
                 log.warning("dead-lettered message %r from %s: %s",
                             envelope.message_id, self.queue.name, exc)
                 await self.transport.hub.dead_letter(self.queue, envelope,
                                                      self.transport.refused(self.queue, exc))
                 continue
+            except BaseException:
+                # the caller gave up waiting, or a fault of the moment (the store cannot be
+                # read): the message was never handed out, so it goes back to the front
+                await self.transport.hub.put(self.queue.name, envelope, front=True)
+                raise
             delivery = MemoryDelivery(self, envelope, message)
             self.unsettled.add(delivery)
             return delivery

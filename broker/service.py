@@ -72,13 +72,19 @@ class ServiceContext(Generic[S]):
     async def _beat(self, transport: Transport, role: str,
                     status_fn: Callable[[], str] | None, interval: float) -> None:
         while not self.stopping.is_set():
-            status = status_fn() if status_fn is not None else "running"
-            beat = Heartbeat(experiment=transport.topology.experiment, pod=self.name,
-                             role=role, status=status)
             try:
+                status = status_fn() if status_fn is not None else "running"
+                beat = Heartbeat(experiment=transport.topology.experiment, pod=self.name,
+                                 role=role, status=status)
                 await transport.publish_event(f"heartbeat.{self.name}", beat)
             except BrokerError as exc:
                 log.warning("heartbeat of %s failed: %s", self.name, exc)
+            except Exception as exc:
+                # a bug in a status function must not end the heartbeat silently (the
+                # orchestrator would count a live service as dead)
+                log.warning("heartbeat of %s failed: %s: %s", self.name, type(exc).__name__,
+                            exc)
+                log.debug("traceback", exc_info=True)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), interval)
 

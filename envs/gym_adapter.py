@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode as GymAutoresetMode
 
-from broker.errors import ConfigError
+from broker.errors import ConfigError, EnvUnavailable
 from envs.base import AutoresetMode, StepResult
 from envs.threaded_vector import ThreadedVectorEnv
 
@@ -157,9 +157,10 @@ def make(
     env_fn = functools.partial(gymnasium.make, gym_id, **kwargs)
     try:
         vector_env = _build(vectorization, env_fn, num_envs, threads)
-    except gymnasium.error.DependencyNotInstalled as exc:
-        raise ConfigError("gym_id", f"{gym_id} needs an extra dependency: {exc}",
-                          "install the extra it names, e.g. 'gymnasium[mujoco]'") from None
+    except (gymnasium.error.DependencyNotInstalled, ImportError) as exc:
+        # a fault of this node (the simulator is not installed here), not of the name
+        raise EnvUnavailable(f"gym_id: {gym_id} needs an extra dependency: {exc}; install "
+                             "the extra it names, e.g. 'gymnasium[mujoco]'") from None
     except TypeError as exc:
         raise ConfigError("kwargs", f"{gym_id} rejected its arguments: {exc}",
                           "pass only arguments its constructor or gymnasium.make accepts") from None

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from broker.errors import ConfigError
+from broker.errors import ConfigError, EnvUnavailable
 from envs.base import VecEnv
 from envs.torch_envs import TORCH_ENVS
 from envs.torch_envs._core import check_device, check_num_envs
@@ -102,8 +102,9 @@ def lazy_adapter(module: str, extra: str) -> EnvFactory:
         try:
             adapter = importlib.import_module(module)
         except ModuleNotFoundError as e:
-            raise ConfigError(
-                "env name", f"{module} cannot be imported ({e})", f"install what it needs: {extra}"
+            # a fault of this node (a simulator not installed here), not of the name
+            raise EnvUnavailable(
+                f"env name: {module} cannot be imported ({e}); install what it needs: {extra}"
             ) from None
         make: EnvFactory = adapter.make
         _bind(f"{module}.make", make, target, num_envs, device, **kwargs)

@@ -32,6 +32,7 @@ so that every discarded id is in the log: the ledger of a run accounts for each.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 
@@ -39,7 +40,7 @@ from agents.base import AlgorithmRegistry, config_from_hparams, config_to_hparam
 from broker.blobstore import FileBlobStore
 from broker.connect import Connector
 from broker.control import sleep_or_stop, watch_stop
-from broker.errors import BrokerError
+from broker.errors import BrokerError, MessageError, TransientError
 from broker.experiment import Experiment
 from broker.schemas import Initialization
 from broker.service import ServiceContext
@@ -92,6 +93,8 @@ class InitializationMaker:
                                selection, store, self.rng,
                                lost_after_s=3 * round_seconds(experiment) + 120.0)
         self._fresh: dict[str, int] = {}
+        self._unreadable: set[str] = set()
+        """Parents whose state could not be read (warned about once each)."""
 
     def set_pods(self, pods: int) -> None:
         """Follow the number of pods (lineages per algorithm, when derived)."""
@@ -104,7 +107,18 @@ class InitializationMaker:
     def make(self) -> Initialization:
         """The next initialization (see the module doc)."""
         plan = self.planner.next()
-        init = self._build(plan)
+        try:
+            init = self._build(plan)
+        except MessageError as exc:
+            # an unreadable parent (blob lost or corrupted) must not stop the tournament
+            assert plan.parent is not None  # only a parent's state is read
+            log.log(logging.DEBUG if plan.parent.id in self._unreadable else logging.WARNING,
+                    "parent %s is unreadable (%s); skipped: a fresh %s lineage instead",
+                    plan.parent.id, exc, plan.algorithm)
+            self._unreadable.add(plan.parent.id)
+            plan = dataclasses.replace(plan, parent=None, mutate=False,
+                                       reason=f"parent {plan.parent.id} unreadable")
+            init = self._build(plan)
         self.planner.issued(init.id, plan)
         return init
 
@@ -161,8 +175,8 @@ async def keep_stocked(ctx: ServiceContext[Settings], transport: Transport,
                     published += 1
                     log.info("queued %s: %s, generation %d, parent %s", init.id[:8],
                              init.algorithm, init.generation, (init.parent_id or "fresh")[:8])
-            except BrokerError as exc:
-                log.warning("generator: broker unavailable (%s); retrying", exc)
+            except (BrokerError, TransientError) as exc:
+                log.warning("generator: broker or store unavailable (%s); retrying", exc)
             changed.clear()
             waiter = asyncio.create_task(changed.wait())
             stopped = asyncio.create_task(sleep_or_stop(ctx, POLL_S))

@@ -14,6 +14,13 @@ returns):
 * ``synchronous=FULL`` makes a returned ``insert`` survive power loss, so re-opening the
   store after a crash loses and duplicates nothing.
 
+Retention (``prune``, called by the updater after each new checkpoint): every row is
+kept (the index of all that was accepted, lineages included), but only the blobs of
+the top-k, of the last N stored, and of the top-k's ancestors up to a depth stay on
+disk (``Retention``); the rest are deleted, so disk use stays flat however long a run
+is. A pruned entry's state is gone: ``load_state`` raises ``BlobError`` for it (the
+generator then starts a fresh lineage instead).
+
 Concurrency: one writer and any number of readers, in this process (each thread gets its
 own connection) or in others (a CLI reading while the updater writes; WAL lets readers
 proceed during a write).
@@ -135,6 +142,27 @@ def _entry(row: sqlite3.Row) -> Entry:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class Retention:
+    """Which checkpoints keep their state blob on disk (every row is kept)."""
+
+    top_k: int = 8
+    """The best this many (the leaderboard the generator and exports read)."""
+    last: int = 64
+    """The most recently stored this many (the lineages that pods continue)."""
+    lineage_depth: int = 4
+    """Ancestors of each top-k entry kept too, this many generations back (the whole
+    lineage would make disk grow with the run; its rows stay regardless)."""
+
+
+@dataclasses.dataclass
+class Pruned:
+    """What one ``prune`` deleted."""
+
+    blobs: int = 0
+    bytes: int = 0
+
+
 class LeaderboardStore:
     """Every accepted checkpoint of one experiment, ranked by evaluated score."""
 
@@ -155,6 +183,8 @@ class LeaderboardStore:
         self._conns_lock = threading.Lock()  # guards _conns (close() may run on any thread)
         self._conns: list[sqlite3.Connection] = []
         self._closed = False
+        self._pruned: set[str] = set()
+        """Blobs this store deleted already (each row is looked at once)."""
         with self._lock, _translated("open"):
             conn = self._conn()
             version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -241,6 +271,33 @@ class LeaderboardStore:
             log.debug("stored checkpoint %s (%s, score %.4g)", entry.id, entry.algorithm,
                       entry.score_mean)
         return Inserted(entry, added)
+
+    def prune(self, retention: Retention) -> Pruned:
+        """Delete the blobs that ``retention`` does not keep (see the module doc)."""
+        rows = self._query("SELECT id, parent_id, blob_sha256 FROM checkpoints "
+                           "ORDER BY stored DESC, rowid DESC")
+        parent = {r["id"]: r["parent_id"] for r in rows}
+        keep = {r["id"] for r in rows[:retention.last]}
+        for top in self._query(f"SELECT id FROM checkpoints {_ORDER} LIMIT ?",
+                               (retention.top_k,)):
+            node: str | None = top["id"]
+            for _ in range(retention.lineage_depth + 1):
+                if node is None or node not in parent:
+                    break
+                keep.add(node)
+                node = parent[node]
+        kept_blobs = {r["blob_sha256"] for r in rows if r["id"] in keep}
+        pruned = Pruned()
+        for row in rows:
+            sha = row["blob_sha256"]
+            if sha in kept_blobs or sha in self._pruned:
+                continue
+            self._pruned.add(sha)
+            pruned.blobs += 1
+            pruned.bytes += self.blobs.delete(sha)
+        if pruned.blobs:
+            log.debug("retention: %d blobs pruned (%d bytes)", pruned.blobs, pruned.bytes)
+        return pruned
 
     # ------------------------------------------------------------------ reading
 

@@ -2,19 +2,26 @@
 
 For every ``Checkpoint`` on the ``updater`` queue it
 
-1. validates it beyond its schema: the env is this experiment's, the algorithm is
-   known, every tensor of ``state`` has the name, shape and dtype that the algorithm
+1. validates it beyond its schema: the env is this experiment's, the algorithm is in
+   its mix, every tensor of ``state`` has the name, shape and dtype that the algorithm
    builds for these hyperparameters, and every floating tensor is finite;
 2. optionally re-evaluates it with its own evaluator (``--reevaluate``), otherwise it
    trusts the pod's score;
-3. stores it (``LeaderboardStore.insert``: blob, then the SQLite row; idempotent by id);
+3. stores it (``LeaderboardStore.insert``: blob, then the SQLite row; idempotent by id)
+   and prunes the blobs the retention policy no longer keeps (``LeaderboardStore.prune``);
 4. acks only after that commit;
 5. publishes ``leaderboard.changed`` with the top-K, the number of checkpoints and the
    env steps they cost (the orchestrator's stop condition reads them).
 
-A checkpoint that fails 1 is rejected to ``updater.dead`` with a one-line reason. On
+A checkpoint that fails 1 is rejected to ``updater.dead`` with a one-line reason. A
+store that fails (disk full, volume gone, database locked) is a fault of the moment,
+not of the checkpoint: the updater keeps the delivery, stops consuming, and retries it
+with backoff (``STORE_BACKOFF``) until the store is back, so queued checkpoints do not
+burn their deliveries and land in ``updater.dead``. A delivery held ``MAX_HOLD_S`` goes
+back to the queue (RabbitMQ's ``consumer_timeout`` would take it anyway). On
 ``control.stop`` or SIGTERM the updater drains: it keeps storing what is in the queue
-until it has been idle for ``DRAIN_IDLE_S`` seconds, then exits 0.
+until it has been idle for ``DRAIN_IDLE_S`` seconds, then exits 0; while the store is
+down it returns what it holds and exits.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,15 +40,22 @@ from agents.evaluator import evaluate
 from agents.round import build_agent, resolve_config
 from broker.blobstore import FileBlobStore
 from broker.connect import Connector
-from broker.control import drain_until_idle, watch_stop
-from broker.errors import BrokerError, ConfigError, PodracerError, SchemaError
+from broker.control import drain_until_idle, sleep_or_stop, watch_stop
+from broker.errors import (
+    BrokerError,
+    ConfigError,
+    PodracerError,
+    SchemaError,
+    StoreUnavailable,
+)
 from broker.schemas import Checkpoint, LeaderboardChanged
 from broker.service import ServiceContext
 from broker.settings import Settings
+from broker.supervise import Backoff
 from broker.transport import Delivery, Transport
 from envs.base import VecEnv
 from envs.registry import make_env
-from leaderboard.store import LeaderboardStore
+from leaderboard.store import LeaderboardStore, Retention
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +63,10 @@ DRAIN_IDLE_S = 5.0
 """After a stop, the updater exits once its queue has been empty this long."""
 PREFETCH = 8
 """Checkpoints in flight: validation and storage are quick, so keep a few buffered."""
+STORE_BACKOFF = (0.5, 30.0)
+"""First and longest delay (s) between two tries to store a checkpoint while it fails."""
+MAX_HOLD_S = 15 * 60.0
+"""A checkpoint held this long during a store outage goes back to the queue."""
 
 TensorSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
@@ -142,6 +161,8 @@ class Updater:
         self.reevaluate = reevaluate
         self.experiment = ctx.settings.experiment
         self.validator = CheckpointValidator(registry, self.experiment.env)
+        self.retention = Retention(top_k=max(self.experiment.top_k, Retention.top_k))
+        """Whose state blobs stay on disk (``LeaderboardStore.prune``)."""
         self.stored = 0
 
     def _reevaluated(self, checkpoint: Checkpoint) -> Checkpoint:
@@ -155,12 +176,20 @@ class Updater:
         return dataclasses.replace(checkpoint, score_mean=result.mean, score_std=result.std)
 
     def _accept(self, checkpoint: Checkpoint) -> tuple[bool, LeaderboardChanged | None]:
+        if checkpoint.algorithm not in self.experiment.algos:
+            # ranked, it would become a parent whose rounds no pod may build
+            raise ConfigError("algorithm", f"{checkpoint.algorithm[:100]!r} is not in this "
+                              f"experiment's mix ({', '.join(sorted(self.experiment.algos))})")
         self.validator.check(checkpoint)
         if self.reevaluate:
             checkpoint = self._reevaluated(checkpoint)
         inserted = self.store.insert(checkpoint)
         if not inserted.new:
             return False, None
+        try:
+            self.store.prune(self.retention)  # disk stays flat: see leaderboard.store
+        except PodracerError as exc:  # stored already: pruning waits for the next one
+            log.warning("retention skipped: %s", exc)
         top = self.store.top(self.experiment.top_k)
         return True, LeaderboardChanged(
             experiment=self.experiment.name, best_id=top[0].id, best_score=top[0].score_mean,
@@ -200,6 +229,53 @@ class Updater:
             except BrokerError as exc:
                 log.warning("leaderboard.changed not sent: %s", exc)
 
+    async def settle(self, delivery: Delivery[Checkpoint]) -> bool:
+        """``handle`` the delivery, retrying in place while the store fails (module doc).
+
+        False when the updater should stop consuming now (stopping during an outage:
+        the delivery went back to the queue)."""
+        backoff = Backoff(*STORE_BACKOFF)
+        held = time.monotonic()
+        while True:
+            try:
+                await self.handle(delivery)
+                if backoff.attempt:
+                    log.info("store is back: checkpoint %s stored after %d failed tries",
+                             delivery.message.id[:8], backoff.attempt)
+                return True
+            except PodracerError as exc:
+                failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            if self.ctx.stopping.is_set() or time.monotonic() - held > MAX_HOLD_S:
+                log.error("checkpoint %s not stored: %s; returned to the queue",
+                          delivery.message.id[:8], failure)
+                await delivery.nack(requeue=True)
+                return not self.ctx.stopping.is_set()
+            delay = backoff.next()
+            log.error("checkpoint %s not stored: %s; not consuming, retry in %.1f s",
+                      delivery.message.id[:8], failure, delay)
+            await sleep_or_stop(self.ctx, delay)
+
+    async def serve(self, pods_done: asyncio.Event | None) -> None:
+        """Consume checkpoints until drained (see ``main``); while the blob store cannot
+        be read (a claim check on a volume not mounted yet) stop consuming and back off."""
+        backoff = Backoff(*STORE_BACKOFF)
+        while True:
+            try:
+                async with self.transport.consume("updater", prefetch=PREFETCH,
+                                                  expect=Checkpoint) as inbox:
+                    async for delivery in drain_until_idle(self.ctx, aiter(inbox),
+                                                            DRAIN_IDLE_S, pods_done):
+                        backoff.reset()
+                        if not await self.settle(delivery):
+                            return  # stopping while the store is down
+                return
+            except StoreUnavailable as exc:
+                delay = backoff.next()
+                log.error("%s; not consuming for %.1f s", exc, delay)
+                await sleep_or_stop(self.ctx, delay)
+                if self.ctx.stopping.is_set():
+                    return
+
 
 async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
                connect: Connector, reevaluate: bool = False,
@@ -216,17 +292,7 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
             ctx.heartbeat(transport, role="updater")
             stop_task = asyncio.create_task(watch_stop(ctx, transport))
             try:
-                async with transport.consume("updater", prefetch=PREFETCH,
-                                             expect=Checkpoint) as inbox:
-                    async for delivery in drain_until_idle(ctx, aiter(inbox), DRAIN_IDLE_S,
-                                                            pods_done):
-                        try:
-                            await updater.handle(delivery)
-                        except PodracerError as exc:
-                            # the store failed: leave the checkpoint for a retry
-                            log.error("checkpoint %s not stored: %s", delivery.message.id[:8],
-                                      exc)
-                            await delivery.nack(requeue=True)
+                await updater.serve(pods_done)
             finally:
                 stop_task.cancel()
                 await asyncio.gather(stop_task, return_exceptions=True)

@@ -165,7 +165,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from agents.registry import default_registry
     from broker.connect import connector
-    from broker.service import run_service
+    from broker.supervise import run_supervised  # a crash restarts the service
 
     settings = _serve_settings(args, args.role)
     name = settings.instance_name(args.role)
@@ -175,12 +175,12 @@ def _serve(args: argparse.Namespace) -> int:
     if args.role == "pod":
         from agents import pod
 
-        return run_service(lambda ctx: pod.main(ctx, registry=registry, connect=connect),
+        return run_supervised(lambda ctx: pod.main(ctx, registry=registry, connect=connect),
                            settings, name=name)
     if args.role == "updater":
         from leaderboard import updater
 
-        return run_service(lambda ctx: updater.main(ctx, registry=registry, connect=connect,
+        return run_supervised(lambda ctx: updater.main(ctx, registry=registry, connect=connect,
                                                     reevaluate=args.reevaluate),
                            settings, name=name)
     if args.role == "generator":
@@ -188,7 +188,7 @@ def _serve(args: argparse.Namespace) -> int:
         from leaderboard.selection import default_strategies
 
         strategies = default_strategies()
-        return run_service(lambda ctx: generator.main(ctx, registry=registry,
+        return run_supervised(lambda ctx: generator.main(ctx, registry=registry,
                                                       strategies=strategies,
                                                       connect=connect),
                            settings, name=name)
@@ -197,7 +197,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     scaler = build_scaler(args.scaler, settings, log_dir=args.log_dir)
     policy = service.default_policy(settings, min_pods=args.min_pods)
-    return run_service(lambda ctx: service.main(ctx, scaler, connect=connect, policy=policy,
+    return run_supervised(lambda ctx: service.main(ctx, scaler, connect=connect, policy=policy,
                                                 poll_s=args.poll),
                        settings, name=name)
 

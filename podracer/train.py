@@ -35,12 +35,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -57,6 +57,7 @@ from broker.memory import MemoryBroker
 from broker.schemas import Budget, Stop
 from broker.service import ServiceContext
 from broker.settings import Settings, settings_environment, write_experiment
+from broker.supervise import ProcessGroup, supervised
 from broker.transport import redact
 from leaderboard import generator as generator_service
 from leaderboard import updater as updater_service
@@ -194,16 +195,17 @@ async def _embedded(settings: Settings, monitor: Monitor, registry: AlgorithmReg
         watcher = asyncio.create_task(monitor.follow(transport))
         # the updater and generator subscribe before the orchestrator can stop them
         pods_done = asyncio.Event()
-        services = [asyncio.create_task(_guarded(updater_service.main(
-                        contexts["updater"], registry=registry, connect=connect,
-                        pods_done=pods_done))),
-                    asyncio.create_task(_guarded(generator_service.main(
-                        contexts["generator"], registry=registry, strategies=strategies,
-                        connect=connect)))]
+        # every service is restarted with backoff after a crash (broker.supervise)
+        services = [asyncio.create_task(_guarded(supervised(functools.partial(
+                        updater_service.main, registry=registry, connect=connect,
+                        pods_done=pods_done))(contexts["updater"]))),
+                    asyncio.create_task(_guarded(supervised(functools.partial(
+                        generator_service.main, registry=registry, strategies=strategies,
+                        connect=connect))(contexts["generator"])))]
         await asyncio.sleep(0.2)
-        orchestrator = asyncio.create_task(_guarded(orchestrator_service.main(
-            contexts["orchestrator"], scaler, connect=connect, policy=policy,
-            remind_for_s=0.0)))
+        orchestrator = asyncio.create_task(_guarded(supervised(functools.partial(
+            orchestrator_service.main, scaler=scaler, connect=connect, policy=policy,
+            remind_for_s=0.0))(contexts["orchestrator"])))
         # the orchestrator returns once its scaler has stopped every pod (rounds published)
         orchestrator.add_done_callback(lambda _: pods_done.set())
         services.append(orchestrator)
@@ -238,7 +240,7 @@ async def _processes(settings: Settings, monitor: Monitor, out: Path,
     env = {**os.environ, **settings_environment(settings, experiment_file)}
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    procs: dict[str, subprocess.Popen[bytes]] = {}
+    group = ProcessGroup(env, logs)  # restarts a crashed service with backoff
     loop = asyncio.get_running_loop()
     signals: list[int] = []
     wake = asyncio.Event()
@@ -257,28 +259,30 @@ async def _processes(settings: Settings, monitor: Monitor, out: Path,
             if role == "orchestrator":
                 argv += ["--scaler", "local", "--min-pods", str(settings.experiment.pods),
                          "--log-dir", str(logs)]
-            with (logs / f"{role}.log").open("ab") as fh:
-                procs[role] = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT)
+            group.start(role, argv)
             if role != "orchestrator":
                 await asyncio.sleep(1.0)  # subscribed before anyone can publish control.stop
         log.info("services started (%s); logs in %s",
-                 ", ".join(f"{r} pid {p.pid}" for r, p in procs.items()), logs)
+                 ", ".join(f"{r} pid {p.pid}" for r, p in group.procs.items()), logs)
         try:
-            await _supervise(procs, transport, settings, session, signals, wake)
+            await _supervise(group, transport, settings, session, signals, wake)
+        except asyncio.CancelledError:
+            group.terminate()
+            raise
         finally:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 with contextlib.suppress(NotImplementedError):
                     loop.remove_signal_handler(signum)
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
-    codes = {role: proc.returncode for role, proc in procs.items()}
+    codes = group.codes
     for role, code in codes.items():
         if code != 0:
             log.error("%s exited with %s (see %s)", role, code, logs / f"{role}.log")
     return max(codes.values())
 
 
-async def _supervise(procs: dict[str, subprocess.Popen[bytes]], transport: Any,
+async def _supervise(group: ProcessGroup, transport: Any,
                      settings: Settings, session: _Session, signals: list[int],
                      wake: asyncio.Event) -> None:
     """Wait for the services to exit. The first Ctrl-C (or SIGTERM) announces
@@ -287,7 +291,8 @@ async def _supervise(procs: dict[str, subprocess.Popen[bytes]], transport: Any,
     ``STOP_GRACE_S``, or at a second signal, get SIGTERM, and at a third SIGKILL."""
     escalated = 0
     deadline: float | None = None
-    while any(p.poll() is None for p in procs.values()):
+    while group.running():
+        group.poll()
         wake.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(wake.wait(), 0.5)
@@ -307,7 +312,8 @@ async def _supervise(procs: dict[str, subprocess.Popen[bytes]], transport: Any,
                 step = 2
         if step >= 2:
             sig = signal.SIGTERM if step == 2 else signal.SIGKILL
-            for proc in procs.values():
+            group.stopping = True  # nothing is restarted from now on
+            for proc in group.procs.values():
                 if proc.poll() is None:
                     proc.send_signal(sig)
         escalated = step

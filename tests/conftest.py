@@ -1,7 +1,8 @@
 """Shared fixtures: the RabbitMQ url for tests marked ``rabbitmq``.
 
 Such tests skip when no broker answers, unless ``PODRACER_REQUIRE_RABBITMQ=1``
-(CI), where an unreachable broker fails them instead. ``experiment`` gives each test
+(CI), where an unreachable broker fails them instead (``required.skip_or_fail``; the
+stock data and MuJoCo have their own flags). ``experiment`` gives each test
 its own broker namespace (cleaned up afterwards); ``blob_root`` a blob directory.
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 import pika
 import pika.exceptions
 import pytest
+from required import skip_or_fail
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 
@@ -33,10 +35,8 @@ def amqp_url() -> str:
     try:
         pika.BlockingConnection(params).close()
     except (pika.exceptions.AMQPError, OSError) as e:
-        reason = f"RabbitMQ unreachable at {params.host}:{params.port}: {e!r}"
-        if os.environ.get("PODRACER_REQUIRE_RABBITMQ") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        skip_or_fail(f"RabbitMQ unreachable at {params.host}:{params.port}: {e!r}",
+                     "PODRACER_REQUIRE_RABBITMQ")
     return url
 
 

@@ -13,7 +13,14 @@ from hypothesis import strategies as st
 
 from broker import codec
 from broker.blobstore import BlobRef, FileBlobStore
-from broker.errors import BlobError, DecodeError, MessageError, PublishError, SchemaError
+from broker.errors import (
+    BlobError,
+    DecodeError,
+    MessageError,
+    PublishError,
+    SchemaError,
+    StoreUnavailable,
+)
 from broker.messages import (
     CLAIM_CONTENT_TYPE,
     CONTENT_TYPE,
@@ -156,8 +163,12 @@ def test_claim_failures_are_blob_errors(blobs: FileBlobStore, tmp_path: Path) ->
     body, content_type = encode_message(checkpoint(1000), blobs=blobs, inline_limit=100)
     with pytest.raises(BlobError, match="no blob store"):
         decode_message(body, content_type, blobs=None)
-    with pytest.raises(BlobError, match="not in the store"):
+    with pytest.raises(StoreUnavailable, match="not mounted"):  # a fault of the node
         decode_message(body, content_type, blobs=FileBlobStore(tmp_path / "empty"))
+    other = FileBlobStore(tmp_path / "other")
+    other.put(b"in use")
+    with pytest.raises(BlobError, match="not in the store"):
+        decode_message(body, content_type, blobs=other)
     ref = BlobRef.from_wire(codec.unpack(body)["claim"])
     path = blobs.path_of(ref.sha256)
     path.chmod(0o644)

@@ -7,16 +7,18 @@ import gzip
 import os
 from pathlib import Path
 
-import pytest
+from required import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def data_dir() -> Path:
-    """``$PODRACER_DATA_DIR`` or ``../shared/data`` next to the repo; skip if absent."""
+    """``$PODRACER_DATA_DIR`` or ``../shared/data`` next to the repo; skip if absent
+    (fail under ``PODRACER_REQUIRE_STOCK_DATA=1``)."""
     path = Path(os.environ.get("PODRACER_DATA_DIR", REPO / ".." / "shared" / "data"))
     if not path.is_dir():
-        pytest.skip(f"shared price data not found at {path} (set PODRACER_DATA_DIR)")
+        skip_or_fail(f"shared price data not found at {path} (set PODRACER_DATA_DIR)",
+                     "PODRACER_REQUIRE_STOCK_DATA")
     return path
 
 

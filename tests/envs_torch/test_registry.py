@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from broker.errors import ConfigError
+from broker.errors import ConfigError, EnvUnavailable
 from envs.base import VecEnv
 from envs.registry import EnvRegistry, available_envs, default_env_registry, lazy_adapter, make_env
 from envs.torch_envs import TORCH_ENVS, TorchCartPole
@@ -86,10 +86,10 @@ def test_stock_prefix_keeps_the_whole_path(monkeypatch: pytest.MonkeyPatch) -> N
     assert make_env("stock/data/dow/30.csv", 2) == ("data/dow/30.csv", 2)
 
 
-def test_missing_adapter_module_is_a_config_error() -> None:
+def test_missing_adapter_module_is_a_fault_of_the_node() -> None:
     registry = EnvRegistry()
     registry.register("sim/", lazy_adapter("envs.no_such_adapter", "pip install nothing"))
-    with pytest.raises(ConfigError, match="pip install nothing"):
+    with pytest.raises(EnvUnavailable, match="pip install nothing"):  # not of the name
         registry.make("sim/Thing", 1)
 
 

@@ -17,8 +17,9 @@ import dataclasses
 import pickle
 import random
 import struct
+import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import aio_pika
 import msgpack
@@ -252,3 +253,62 @@ class RawSender:
         return aio_pika.Message(case.body, content_type=case.content_type,
                                 message_id=case.sent_id,
                                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+
+
+# ------------------------------------------------------------------ messages as commands
+
+
+class Tripwire:
+    """Records imports and opens of names that contain ``token`` (a ``sys`` audit hook).
+
+    A hook cannot be removed, so one is installed per process and tripwires register
+    with it; each sees only its own token.
+    """
+
+    _armed: ClassVar[list[Tripwire]] = []
+    _installed: ClassVar[bool] = False
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.events: list[str] = []
+
+    def __enter__(self) -> Tripwire:
+        if not Tripwire._installed:
+            sys.addaudithook(Tripwire._hook)
+            Tripwire._installed = True
+        Tripwire._armed.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        Tripwire._armed.remove(self)
+
+    @staticmethod
+    def _hook(event: str, args: tuple[Any, ...]) -> None:
+        if event not in ("import", "open") or not Tripwire._armed or not args:
+            return
+        name = str(args[0])
+        for wire in Tripwire._armed:
+            if wire.token in name:
+                wire.events.append(f"{event} {name}")
+
+
+def foreign_initializations(wire: dict[str, Any], token: str, probe: str
+                            ) -> list[tuple[str, dict[str, Any]]]:
+    """Well-formed initializations that name an env or algorithm outside the experiment.
+
+    ``wire`` is a valid initialization of the experiment (wire form); ``token`` names a
+    module that must never be imported and ``probe`` a file (it exists) that must never
+    be opened. Each is a ``(name, wire)`` pair; every one must be refused unbuilt.
+    """
+    cases = [
+        ("gym-imports-a-module", _with(wire, env=f"gym/{token}:Pendulum-v1")),
+        ("gym-imports-os", _with(wire, env="gym/os:Pendulum-v1")),
+        ("stock-opens-a-file", _with(wire, env=f"stock/{probe}")),
+        ("stock-opens-etc-passwd", _with(wire, env="stock//etc/passwd")),
+        ("another-gym-env", _with(wire, env="gym/CartPole-v1")),
+        ("another-torch-env", _with(wire, env="torch/CartPole-v1")),
+        ("isaacgym-env", _with(wire, env="isaacgym/Ant")),
+        ("env-forges-log-lines", _with(wire, env=wire["env"] + "\nERROR forged")),
+        ("algorithm-not-in-the-mix", _with(wire, algorithm="sac")),
+    ]
+    return [(name, _with(data, id=f"foreign-{name}")) for name, data in cases]

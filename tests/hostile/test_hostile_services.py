@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from hostile_cases import Case, hostile_bodies, wire_of
+from hostile_cases import Case, Tripwire, foreign_initializations, hostile_bodies, packb, wire_of
 from hostile_rig import Rig, make_rig
 
 from agents import pod as pod_service
@@ -247,3 +247,63 @@ async def test_generator_ignores_hostile_events_and_still_obeys_stop(
 def dropped_events(caplog: pytest.LogCaptureFixture) -> list[str]:
     """The "dropped event" warnings so far."""
     return [line for line in one_line_warnings(caplog) if "dropped event" in line]
+
+
+async def test_pod_refuses_what_is_not_its_experiments_to_build(
+    services: Services, caplog: pytest.LogCaptureFixture, tmp_path: Path,
+) -> None:
+    """A well-formed initialization is not a command: an env or algorithm outside the
+    experiment is refused in one line, and nothing it names is imported or opened."""
+    rig = services.rig
+    exp = rig.experiment
+    token = f"podracer_probe_{exp}"
+    probe = tmp_path / f"{token}.csv"
+    probe.write_text("date,tic,close\n")
+    foreign = foreign_initializations(wire_of(init(exp)), token, str(probe))
+    with caplog.at_level(logging.WARNING), Tripwire(token) as tripwire:
+        ctx, task = services.start(pod_service.main, "pod-f")
+        for name, data in foreign:
+            await rig.sender.to_queue("generator", Case(name, packb(data),
+                                                        message_id=data["id"]))
+        good = init(exp)
+        await rig.transport.publish("generator", good)
+        async with rig.transport.consume("updater", prefetch=1, expect=Checkpoint) as inbox:
+            delivery = await alive_until(anext(inbox), task)
+            await delivery.ack()
+        assert delivery.message.init_id == good.id
+        assert await depth(rig, "generator.dead", len(foreign)) == len(foreign)
+        assert await stop(ctx, task) == 0
+    assert tripwire.events == []
+    lines = one_line_warnings(caplog)
+    assert all("\n" not in line for line in lines)
+    for _, data in foreign:
+        assert sum(data["id"] in line for line in lines) == 1, data["id"]
+
+
+async def test_updater_refuses_an_algorithm_outside_the_experiments_mix(
+    services: Services, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A sound SAC checkpoint in a PPO-only experiment is refused: ranked, it would
+    become a parent whose rounds no pod of the experiment may build."""
+    rig = services.rig
+    exp = rig.experiment
+    sac = {"num_envs": 2, "hidden_size": 16}
+    env = make_env(ENV, 2, "cpu")
+    try:
+        agent = build_agent(default_registry(), "sac", sac, env, torch.device("cpu"), 0)
+    finally:
+        env.close()
+    foreign = checkpoint(exp, agent.state_dict(), algorithm="sac", hparams=sac)
+    good = checkpoint(exp, ppo_state())
+    with caplog.at_level(logging.WARNING):
+        async with rig.transport.subscribe(["leaderboard.changed"]) as events:
+            ctx, task = services.start(updater_service.main, "updater-f")
+            await rig.transport.publish("updater", foreign)
+            await rig.transport.publish("updater", good)
+            changed = await alive_until(anext(events), task)
+            assert isinstance(changed, LeaderboardChanged) and changed.best_id == good.id
+            assert await depth(rig, "updater.dead", 1) == 1
+            assert await stop(ctx, task) == 0
+    with LeaderboardStore(services.settings.store) as store:
+        assert [e.id for e in store.top(10)] == [good.id]
+    assert sum(foreign.id in line for line in one_line_warnings(caplog)) == 1

@@ -35,8 +35,10 @@ from orchestrator.scalers import (
 from orchestrator.service import Orchestrator
 
 SLEEPER = "import time; time.sleep(60)"
-# Announces itself once its SIGTERM handler is in place, then ignores SIGTERM.
-STUBBORN = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+# Announces itself once its SIGTERM handler is in place, then ignores SIGTERM (saying
+# "term" when one arrives: the test's readiness signal that it was ignored).
+STUBBORN = ("import os, signal, time; "
+            "signal.signal(signal.SIGTERM, lambda *_: print('term', flush=True)); "
             "print('ready', os.environ['PODRACER_POD'], flush=True); time.sleep(60)")
 
 
@@ -129,7 +131,7 @@ async def test_sigterm_then_sigkill_after_grace(tmp_path: Path,
     await wait_until(holds(lambda: "ready" in (tmp_path / "pod-1.log").read_text()))
     pid = scaler.pids()[0]
     await scaler.scale_to(0)
-    await asyncio.sleep(0.3)
+    await wait_until(holds(lambda: "term" in (tmp_path / "pod-1.log").read_text()))
     await scaler.reap()
     assert alive(pid) and scaler.stopping() == 1  # SIGTERM ignored, grace not over yet
     clock.now += 31.0
@@ -329,7 +331,10 @@ async def test_task_scaler_close_cancels_pods_after_the_grace(tmp_path: Path) ->
     settings = _settings(tmp_path)
     cancelled: list[str] = []
 
+    started: list[str] = []
+
     async def stubborn(ctx: ServiceContext[Settings]) -> int:
+        started.append(ctx.name)
         try:
             await asyncio.sleep(60)  # ignores ctx.stopping
         except asyncio.CancelledError:
@@ -339,7 +344,7 @@ async def test_task_scaler_close_cancels_pods_after_the_grace(tmp_path: Path) ->
 
     scaler = TaskScaler(stubborn, lambda name: settings, grace=0.2)
     await scaler.scale_to(2)
-    await asyncio.sleep(0)  # the pods start
+    await wait_until(holds(lambda: len(started) == 2))  # the pods run
     begun = time.monotonic()
     await scaler.close()
     assert 0.18 <= time.monotonic() - begun < 5.0  # waited the grace, then cancelled

@@ -53,10 +53,11 @@ async def test_sigkilled_pod_round_is_redelivered_to_another_pod(
         first_log, second_log = tmp_path / "pod-1.log", tmp_path / "pod-2.log"
         first = _start_pod("pod-1", amqp_url, experiment_file, tmp_path, first_log)
         try:
-            await transport.publish("generator", init)
-            assert await asyncio.to_thread(_wait_for, first_log, f"round {init.id[:8]}", 60), \
-                first_log.read_text()
-            await asyncio.sleep(1.0)  # mid-round
+            async with transport.subscribe(["metrics.pod-1"]) as metrics:
+                await transport.publish("generator", init)
+                assert await asyncio.to_thread(_wait_for, first_log, f"round {init.id[:8]}",
+                                               60), first_log.read_text()
+                await asyncio.wait_for(anext(metrics), 60)  # it reports progress: mid-round
             first.send_signal(signal.SIGKILL)
             first.wait(10)
         finally:

@@ -209,10 +209,17 @@ async def test_control_stop_ends_every_service_with_code_zero(rig: Rig) -> None:
     started = [rig.service(pod_service.main, "pod-c"),
                rig.service(updater_service.main, "updater"),
                rig.service(generator_service.main, "generator")]
-    await asyncio.sleep(1.0)  # all subscribed
-    await rig.transport.publish_event(
-        "control.stop", Stop(experiment=rig.settings.experiment.name, reason="test"))
-    codes = await asyncio.wait_for(asyncio.gather(*(t for _, t in started)), 90)
+    tasks = {t for _, t in started}
+    stop = Stop(experiment=rig.settings.experiment.name, reason="test")
+
+    async def stop_all() -> None:
+        # a service obeys control.stop once subscribed: repeat it until every one has
+        while not all(t.done() for t in tasks):
+            await rig.transport.publish_event("control.stop", stop)
+            await asyncio.wait(tasks, timeout=0.5, return_when=asyncio.ALL_COMPLETED)
+
+    await asyncio.wait_for(stop_all(), 90)
+    codes = [t.result() for _, t in started]
     assert codes == [0, 0, 0]
     for ctx, _ in started:
         assert ctx.stopping.is_set()
