@@ -17,6 +17,10 @@ SIGTERM / SIGINT set ``ctx.stopping``; the service drains and returns. A second 
 cancels the main task. Exit codes: what ``main`` returns (``None`` -> 0), 1 for a
 Podracer error or an unexpected exception (logged in one line, traceback at debug),
 130 when cancelled by a second signal.
+
+A service started with ``PODRACER_PARENT_PID`` (the orchestrator's local pods, the
+services of ``podracer train --broker``) stops the same way when that process is gone:
+a parent killed with SIGKILL leaves no orphan consuming its experiment's queues.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -39,6 +44,12 @@ T = TypeVar("T")
 
 DEFAULT_HEARTBEAT_INTERVAL = 5.0
 """Seconds between heartbeats."""
+
+PARENT_PID_ENV = "PODRACER_PARENT_PID"
+"""The process a service lives no longer than (set by whoever starts it)."""
+
+PARENT_POLL_S = 1.0
+"""Seconds between looks at the parent process."""
 
 
 class ServiceContext(Generic[S]):
@@ -151,6 +162,11 @@ async def _run(main: Callable[[ServiceContext[S]], Awaitable[int | None]],
     for signum in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):  # not on Windows' loop
             loop.add_signal_handler(signum, on_signal, signum)
+    parent = os.environ.get(PARENT_PID_ENV)
+    if parent and parent.isdigit():
+        watcher = asyncio.create_task(_stop_when_orphaned(ctx, int(parent)))
+        ctx._tasks.add(watcher)
+        watcher.add_done_callback(ctx._tasks.discard)
     try:
         code = await main(ctx)
         return 0 if code is None else int(code)
@@ -172,3 +188,12 @@ async def _run(main: Callable[[ServiceContext[S]], Awaitable[int | None]],
         for signum in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signum, log.debug, "%s: already stopping", ctx.name)
+
+
+async def _stop_when_orphaned(ctx: ServiceContext[S], parent: int) -> None:
+    """``ctx.stop()`` once ``parent`` is no longer this process's parent (it died and the
+    process was re-parented): drain and exit as on SIGTERM."""
+    while os.getppid() == parent:
+        await asyncio.sleep(PARENT_POLL_S)
+    log.warning("%s: parent process %d is gone, stopping", ctx.name, parent)
+    ctx.stop()

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import random
 import subprocess
 import time
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from broker.errors import ConfigError
-from broker.service import ServiceContext, run_service
+from broker.service import PARENT_PID_ENV, ServiceContext, run_service
 
 S = TypeVar("S")
 
@@ -177,7 +178,8 @@ class ProcessGroup:
         self._backoff.setdefault(role, Backoff(self.policy.backoff_base_s,
                                                self.policy.backoff_cap_s))
         with (self.logs / f"{role}.log").open("ab") as fh:
-            proc = subprocess.Popen(list(argv), env=self.env, stdout=fh,
+            proc = subprocess.Popen(list(argv), env={**self.env, PARENT_PID_ENV: str(os.getpid())},
+                                    stdout=fh,
                                     stderr=subprocess.STDOUT)
         self.procs[role] = proc
         self._started[role] = time.monotonic()

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
 from broker.errors import BrokerError, ConfigError
+from broker.service import PARENT_PID_ENV
 from broker.settings import Settings, settings_environment, write_experiment
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,8 @@ class LocalProcessScaler:
 
     def _popen(self, slot: _Slot) -> None:
         """Blocking (fork and exec, log file): runs in a worker thread."""
-        env = {**os.environ, **self.env, "PODRACER_POD": slot.name}
+        env = {**os.environ, **self.env, "PODRACER_POD": slot.name,
+               PARENT_PID_ENV: str(os.getpid())}
         out: IO[bytes] | None = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
