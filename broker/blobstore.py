@@ -105,17 +105,7 @@ class BlobStore(Protocol):
     def delete(self, sha256: str) -> int:
         """Remove a blob (retention, a released claim check); the bytes freed, 0 if it
         was not there. A failure is logged, never raised: the blob is only kept."""
-        path = self.path_of(sha256)
-        try:
-            size = path.stat().st_size
-            path.unlink()
-        except FileNotFoundError:
-            return 0
-        except OSError as e:
-            log.warning("blob %s... not deleted: %s", sha256[:12], e.strerror or e)
-            return 0
-        log.debug("deleted blob %s (%d bytes)", sha256, size)
-        return size
+        ...
 
     def exists(self, ref: BlobRef) -> bool:
         """Whether the blob is present (not verified)."""
