@@ -4,8 +4,8 @@ Starts ``podracer train --broker ...`` for a short Pendulum run, waits until the
 generator and updater services consume their queues, then logs in to the management UI,
 opens Queues, filters on the experiment's namespace, shows the Consumers column and
 saves a screenshot. Then it has the run's pod refuse one message: it publishes an
-``Initialization`` for an env that is not the run's (SAC on CartPole, which SAC cannot
-act in) to the ``generator`` queue, waits until the pod has dead-lettered it to
+``Initialization`` for an env that is not the run's (SAC on CartPole) to the
+``generator`` queue, waits until the pod has dead-lettered it to
 ``generator.dead``, opens that queue's page and uses "Get messages" with the ack mode
 "Nack message requeue true" (nothing is consumed) to show its ``x-podracer-*``
 headers; a second screenshot; and ``podracer dead-letters`` lists it afterwards.
@@ -53,10 +53,9 @@ QUEUES = ("generator", "updater", "generator.dead", "updater.dead")
 """Short names of the queues a person looks for (``podracer.<experiment>.<short>``)."""
 REFUSED_ALGORITHM, REFUSED_ENV = "sac", "torch/CartPole-v1"
 """The forged initialization: one of the run's algorithms on an env that is not the
-run's and that the algorithm cannot act in (discrete actions), so a pod refuses it at
-build time, in one line, without training."""
-REFUSAL = "sac does not support discrete actions"
-"""What the pod's reason for refusing it says (``agents.round.check_action_space``)."""
+run's, so a pod refuses it in one line before building anything."""
+REFUSAL = "env 'torch/CartPole-v1' is not this experiment's ('torch/Pendulum-v1')"
+"""What the pod's reason for refusing it says (``agents.pod.Pod.refusal``)."""
 
 
 @dataclass(frozen=True)
