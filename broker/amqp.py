@@ -168,9 +168,15 @@ class AmqpTransport:
             dlx = await channel.declare_exchange(
                 self._topology.dlx, aio_pika.ExchangeType.DIRECT, durable=True)
             for short in WORK_QUEUES:
+                # Not robust: a classic queue lives on one node, and re-declaring it on
+                # every reconnect would fail the whole reconnect (NOT_FOUND, "home node
+                # down") for as long as that node of a cluster is down. It is durable, so
+                # declaring it once per process is enough.
                 dead = await channel.declare_queue(
-                    self._topology.dead(short), durable=True, arguments=dict(DEAD_QUEUE_ARGS))
-                await dead.bind(dlx, routing_key=self._topology.dead_routing_key(short))
+                    self._topology.dead(short), durable=True, arguments=dict(DEAD_QUEUE_ARGS),
+                    robust=False)
+                await dead.bind(dlx, routing_key=self._topology.dead_routing_key(short),
+                                robust=False)
                 await channel.declare_queue(
                     self._full(short), durable=True, arguments=self._topology.queue_args(short))
         except BROKER_ERRORS as exc:
