@@ -49,8 +49,6 @@ node_env() {
     export RABBITMQ_PID_FILE="$base/pid"
     export RABBITMQ_ENABLED_PLUGINS_FILE="$base/enabled_plugins"
     export ERL_EPMD_ADDRESS=127.0.0.1
-    # no scheduler busy-waiting: four brokers share a small machine with the tests
-    export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="+sbwt none +sbwtdcpu none +sbwtdio none"
 }
 
 ctl() {
