@@ -240,8 +240,14 @@ def report(args: argparse.Namespace, soak: Soak, cluster: Cluster) -> bool:
     hostile = soak.hostile_ids
     genuine_dead = {i for i in ledger.in_queue["updater.dead"] if i not in hostile}
     totals = ledger.totals()
+    # the forged messages are counted apart (ids: the hostile case names)
+    totals["requeued_in_generator_queue"] = len(ledger.in_queue["generator"] - hostile)
     totals["dead_lettered_inits"] = len(set(ledger.dead_reasons) - hostile)
     totals["dead_lettered_checkpoints"] = len(genuine_dead)
+    totals["hostile_ids_dead_lettered"] = len(
+        (ledger.in_queue["generator.dead"] | ledger.in_queue["updater.dead"]) & hostile)
+    totals["hostile_ids_still_queued"] = len(
+        (ledger.in_queue["generator"] | ledger.in_queue["updater"]) & hostile)
     totals.update(pod_kills=soak.pod_kills, hostile_batches=soak.hostile_batches,
                   hostile_sent=soak.hostile_sent, service_crashes=soak.crashes,
                   samples=len(soak.samples))
