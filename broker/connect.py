@@ -76,6 +76,11 @@ def amqp_addresses(url: str) -> list[str]:
     match = _AMQP_URL.fullmatch(url.strip())
     if match is None:
         raise ConfigError("url", f"not an amqp:// or amqps:// URL: {redact(url)!r}", _URL_FIX)
+    if "@" in (match["tail"] or ""):
+        # an unencoded / ? # in the password ended the host part early: say so without
+        # echoing any piece of it
+        raise ConfigError("url", f"{redact(url)!r}: the user or password is not URL-encoded",
+                          "percent-encode / ? # @ in them (e.g. %2F for /)")
     scheme, userinfo = match["scheme"].lower(), match["userinfo"]
     head = f"{scheme}://" + (f"{userinfo}@" if userinfo is not None else "")
     tail = match["tail"] or "/"

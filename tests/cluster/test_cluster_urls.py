@@ -46,6 +46,12 @@ def test_bad_cluster_urls_are_config_errors(url: str, problem: str) -> None:
     assert "host1:5672,host2:5672" in str(caught.value)  # says how to write it
 
 
+def test_unencoded_password_is_refused_without_echoing_it() -> None:
+    with pytest.raises(ConfigError, match="not URL-encoded") as caught:
+        amqp_addresses("amqp://u:sec/ret@h1,h2/")
+    assert "sec" not in str(caught.value)
+
+
 def _dead_port() -> int:
     """A local TCP port nobody listens on (bound, then closed)."""
     with socket.socket() as sock:
