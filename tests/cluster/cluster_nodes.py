@@ -152,26 +152,32 @@ class Nodes:
         """OS pid of node ``n``'s Erlang VM."""
         return int(self.script("pid", str(n)).strip())
 
-    def kill(self, n: int, queue: str) -> None:
-        """SIGKILL node ``n``'s VM and wait until ``queue`` counts it offline."""
+    def kill(self, n: int, queue: str) -> float:
+        """SIGKILL node ``n``'s VM and wait until ``queue`` counts it offline; the time
+        (``time.time()``) of the kill."""
         pid = self.pid(n)
         os.kill(pid, signal.SIGKILL)
+        killed_at = time.time()
         wait_for(lambda: not _alive(pid), 30, f"pid {pid} of {name(n)} to exit")
         peers = [m for m in NODES if m != n]
         wait_for(lambda: name(n) not in self.online(queue, peers), 60,
                  f"{queue} to see {name(n)} offline")
+        return killed_at
 
-    def partition(self, n: int, queue: str) -> None:
+    def partition(self, n: int, queue: str) -> float:
         """Cut node ``n`` off from its peers (see the module doc) and wait until the
-        majority counts it offline in ``queue`` and it paused itself."""
+        majority counts it offline in ``queue`` and it paused itself; the time
+        (``time.time()``) of the cut."""
         peers = [m for m in NODES if m != n]
         names = ", ".join(f"'{name(m)}'" for m in peers)
         out = self.eval(n, f"[begin erlang:set_cookie(P, podracer_partitioned), "
                            f"erlang:disconnect_node(P) end || P <- [{names}]], ok.")
         assert out is not None and "ok" in out, f"could not partition {name(n)}: {out!r}"
+        cut_at = time.time()
         wait_for(lambda: name(n) not in self.online(queue, peers), 60,
                  f"the majority to count {name(n)} offline in {queue}")
         wait_for(lambda: not self.booted(n), 90, f"{name(n)} to pause (pause_minority)")
+        return cut_at
 
     def heal(self, n: int) -> None:
         """Give node ``n`` its peers' cookie back and reconnect it."""

@@ -86,10 +86,10 @@ def _phase(faults: Faults, label: str) -> Iterator[None]:
         print(f"{_stamp()[:19]} {key}: {faults.phase_s[key]} s", flush=True)
 
 
-def _stamp() -> str:
-    """Now, as the services' log lines start (``%Y-%m-%d %H:%M:%S,mmm``: string order is
-    time order)."""
-    now = time.time()
+def _stamp(at: float | None = None) -> str:
+    """``at`` (default: now) as the services' log lines start (``%Y-%m-%d %H:%M:%S,mmm``:
+    string order is time order)."""
+    now = time.time() if at is None else at
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
 
 
@@ -144,9 +144,8 @@ def _start_services(cluster: Cluster, client: SyncClient, plan: Plan) -> None:
 def _kill_leader(cluster: Cluster, nodes: Nodes, queues: list[str], faults: Faults,
                  plan: Plan) -> None:
     victim = nodes.leader(queues[0])
-    stamp = _stamp()
     with _phase(faults, "kill"):
-        nodes.kill(victim, queues[0])
+        stamp = _stamp(nodes.kill(victim, queues[0]))
     faults.leader_kills += 1
     faults.killed_nodes.append(name(victim))
     with _phase(faults, "progress_node_down"):
@@ -160,9 +159,8 @@ def _kill_leader(cluster: Cluster, nodes: Nodes, queues: list[str], faults: Faul
 def _partition_one(cluster: Cluster, nodes: Nodes, queues: list[str], faults: Faults,
                    plan: Plan) -> None:
     victim = nodes.leader(queues[0])
-    stamp = _stamp()
     with _phase(faults, "partition"):
-        nodes.partition(victim, queues[0])
+        stamp = _stamp(nodes.partition(victim, queues[0]))
     faults.partitions += 1
     faults.partitioned_nodes.append(name(victim))
     assert nodes.connected_peers(victim) == set(), f"{name(victim)} still reaches its peers"
