@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +32,7 @@ def rabbit_cluster() -> Iterator[Nodes]:
     was_running = bool(nodes.running_nodes())
     try:
         nodes.start()
-    except (RuntimeError, OSError) as exc:
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
         reason = f"cannot start the 3-node RabbitMQ cluster: {exc}"
         if required:
             pytest.fail(reason)
