@@ -30,6 +30,11 @@ Choices worth knowing:
   stays RabbitMQ's, with its ``x-death`` header.
 - Subscriber queues are exclusive and named ``podracer.<exp>.events.<role>.<host>-<pid>.<random>``
   (``Topology.subscriber``), so the management UI says who reads each.
+- A URL may list the nodes of a cluster (``amqp://u:p@n1:5672,n2:5672,n3:5672/``, see
+  ``broker.connect.amqp_addresses``). Each connection starts at a random node (spreading
+  clients over the cluster) and moves to the next node whenever an attempt fails or the
+  connection drops (``broker.amqp_failover``); every attempt is bounded by
+  ``connect_timeout``.
 - ``amqps://`` uses TLS; ``PODRACER_TLS_CA``, ``PODRACER_TLS_CERT`` and
   ``PODRACER_TLS_KEY`` (file paths) configure the CA bundle and a client certificate
   (``broker.tls``).
@@ -40,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import random
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -54,6 +60,7 @@ from aio_pika.abc import (
     AbstractRobustExchange,
 )
 
+from broker.amqp_failover import CONNECT_ERRORS, connect_failover
 from broker.amqp_inbox import (
     BROKER_ERRORS,
     AmqpDeliveries,
@@ -62,6 +69,7 @@ from broker.amqp_inbox import (
     InboxItem,
     watch_consumer,
 )
+from broker.connect import amqp_addresses
 from broker.errors import ConfigError, ConnectionClosed, PublishError
 from broker.messages import DEFAULT_INLINE_LIMIT
 from broker.schemas import Message
@@ -100,10 +108,13 @@ class AmqpTransport:
         inline_limit: int = DEFAULT_INLINE_LIMIT, publish_tries: int = DEFAULT_PUBLISH_TRIES,
         backoff: float = 0.5, confirm_timeout: float = 30.0, reconnect_interval: float = 1.0,
         watch_interval: float = 1.0, cancel_grace: float = 30.0, service: str | None = None,
+        connect_timeout: float = 10.0,
     ) -> None:
         if publish_tries < 1:
             raise ConfigError("publish_tries", f"must be >= 1, got {publish_tries}", "use 5")
         self._url = url
+        self._addresses = amqp_addresses(url)
+        self.connect_timeout = connect_timeout
         self._topology = Topology(experiment)
         self.blobs = blobs
         self.inline_limit = inline_limit
@@ -132,22 +143,19 @@ class AmqpTransport:
     # ------------------------------------------------------------ connections
 
     async def _connect(self, role: str) -> AbstractRobustConnection:
-        """A robust connection, retried with backoff, or ``ConnectionClosed``."""
+        """A robust connection to some node, retried with backoff, or ``ConnectionClosed``."""
         if self._closed:
             raise ConnectionClosed("transport is closed")
-        last: BaseException | None = None
-        for attempt in range(self.publish_tries):
-            try:
-                return await aio_pika.connect_robust(
-                    self._url, ssl_context=self._ssl, reconnect_interval=self.reconnect_interval,
-                    client_properties={"connection_name": f"{self._topology.prefix}.{role}"},
-                )
-            except BROKER_ERRORS as exc:
-                last = exc
-                if attempt + 1 < self.publish_tries:
-                    await asyncio.sleep(self.backoff * 2**attempt)
-        raise ConnectionClosed(f"cannot connect to {redact(self._url)} ({role}): "
-                               f"{last or type(last).__name__}") from None
+        try:
+            return await connect_failover(
+                self._addresses, first=random.randrange(len(self._addresses)),
+                tries=self.publish_tries, backoff=self.backoff, timeout=self.connect_timeout,
+                ssl_context=self._ssl, reconnect_interval=self.reconnect_interval,
+                client_properties={"connection_name": f"{self._topology.prefix}.{role}"},
+            )
+        except CONNECT_ERRORS as exc:
+            raise ConnectionClosed(f"cannot connect to {redact(self._url)} ({role}): "
+                                   f"{exc or type(exc).__name__}") from None
 
     async def _publisher(self) -> AbstractRobustChannel:
         async with self._lock:
@@ -180,9 +188,15 @@ class AmqpTransport:
             dlx = await channel.declare_exchange(
                 self._topology.dlx, aio_pika.ExchangeType.DIRECT, durable=True)
             for short in WORK_QUEUES:
+                # Not robust: a classic queue lives on one node, and re-declaring it on
+                # every reconnect would fail the whole reconnect (NOT_FOUND, "home node
+                # down") for as long as that node of a cluster is down. It is durable, so
+                # declaring it once per process is enough.
                 dead = await channel.declare_queue(
-                    self._topology.dead(short), durable=True, arguments=dict(DEAD_QUEUE_ARGS))
-                await dead.bind(dlx, routing_key=self._topology.dead_routing_key(short))
+                    self._topology.dead(short), durable=True, arguments=dict(DEAD_QUEUE_ARGS),
+                    robust=False)
+                await dead.bind(dlx, routing_key=self._topology.dead_routing_key(short),
+                                robust=False)
                 await channel.declare_queue(
                     self._full(short), durable=True, arguments=self._topology.queue_args(short))
         except BROKER_ERRORS as exc:

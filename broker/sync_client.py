@@ -8,6 +8,10 @@ control messages (``control.stop`` / ``control.scale``) with publisher confirms:
             print(s.name, s.messages, s.consumers)
         client.publish_control(Stop(experiment="ant", reason="enough"))
 
+A URL may list a cluster's nodes (``amqp://u:p@n1:5672,n2:5672/``, see
+``broker.connect.amqp_addresses``): the client connects to the first node that
+answers, in the listed order, and to the next one after a lost connection.
+
 It never declares anything: the services own the topology (``broker.topology``), so
 a missing queue or exchange means a wrong experiment name or services not started
 yet, and is reported as a ``ConfigError`` saying so. Every pika error is translated
@@ -28,6 +32,7 @@ import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
 from broker import codec
+from broker.connect import amqp_addresses
 from broker.errors import BrokerError, ConfigError, ConnectionClosed, PublishError
 from broker.messages import CLAIM_CONTENT_TYPE, encode_message
 from broker.schemas import Scale, Stop
@@ -85,17 +90,7 @@ class SyncClient:
     def __init__(self, url: str, experiment: str, *, timeout: float = 10.0) -> None:
         """Validate ``url`` and ``experiment`` (``ConfigError``); connect lazily."""
         self.topology = Topology(experiment)
-        try:
-            self._params = pika.URLParameters(url)
-        except (ValueError, TypeError) as e:
-            raise ConfigError("url", f"not an AMQP url: {e}",
-                              "use amqp://user:password@host:5672/vhost") from None
-        if url.startswith("amqps://"):
-            # Same TLS settings (PODRACER_TLS_CA/_CERT/_KEY) as the asyncio transport.
-            self._params.ssl_options = pika.SSLOptions(ssl_context_from_env(), self._params.host)
-        self._params.socket_timeout = timeout
-        self._params.blocked_connection_timeout = timeout
-        self._params.connection_attempts = 1
+        self._params = [_parameters(address, timeout) for address in amqp_addresses(url)]
         self._connection: pika.BlockingConnection | None = None
         self._chan: BlockingChannel | None = None
 
@@ -219,6 +214,7 @@ class SyncClient:
 
     def _channel(self) -> BlockingChannel:
         if self._connection is None or not self._connection.is_open:
+            # pika tries the nodes in order and raises the last node's error
             self._connection = pika.BlockingConnection(self._params)
             self._chan = None
         if self._chan is None or not self._chan.is_open:
@@ -245,14 +241,32 @@ class SyncClient:
             raise BrokerError(f"{what}: broker closed the channel: {e.reply_text}") from None
         except pika.exceptions.AMQPConnectionError as e:
             self.close()
-            raise ConnectionClosed(f"{self._params.host}:{self._params.port}: "
-                                   f"{_describe(e)}") from None
+            raise ConnectionClosed(f"{self._nodes()}: {_describe(e)}") from None
         except pika.exceptions.AMQPError as e:
             self.close()
             raise BrokerError(f"{what}: {_describe(e)}") from None
         except OSError as e:
             self.close()
-            raise ConnectionClosed(f"{self._params.host}:{self._params.port}: {e}") from None
+            raise ConnectionClosed(f"{self._nodes()}: {e}") from None
+
+    def _nodes(self) -> str:
+        return ",".join(f"{p.host}:{p.port}" for p in self._params)
+
+
+def _parameters(address: str, timeout: float) -> pika.URLParameters:
+    """pika's parameters for one node's URL, with bounded timeouts and TLS if amqps."""
+    try:
+        params = pika.URLParameters(address)
+    except (ValueError, TypeError) as e:
+        raise ConfigError("url", f"not an AMQP url: {e}",
+                          "use amqp://user:password@host:5672/vhost") from None
+    if address.startswith("amqps://"):
+        # Same TLS settings (PODRACER_TLS_CA/_CERT/_KEY) as the asyncio transport.
+        params.ssl_options = pika.SSLOptions(ssl_context_from_env(), params.host)
+    params.socket_timeout = timeout
+    params.blocked_connection_timeout = timeout
+    params.connection_attempts = 1
+    return params
 
 
 class _Unroutable(Exception):

@@ -1,0 +1,290 @@
+"""Soak: a long broker-mode tournament under pod kills and hostile traffic.
+
+Every service is an OS process (the rig of ``tests/reliability``): an updater, a
+generator and ``--pods`` pods train torch Pendulum on RabbitMQ for ``--minutes``
+(default 30) while this script
+
+* SIGKILLs a pod (one in the middle of a round when there is one) every
+  ``--kill-every`` seconds (default 120) and starts a replacement;
+* every ``--hostile-every`` seconds (default 60) publishes the forged bodies of
+  ``tests/hostile/hostile_cases.py`` to the ``generator`` and ``updater`` queues and on
+  the events exchange (all of them must be dead-lettered or dropped);
+* every ``--sample-every`` seconds (default 60) prints the RSS of each service (a pod:
+  its process and children; pods: the largest live one) and the store's disk use.
+
+At the end it stops the run with ``control.stop`` and prints a table: for each series,
+its value after warm-up (the first third of the samples), its peak after that, the
+growth and whether it stayed flat (within ``--flat`` = 10%); then the ledger of
+``tests/reliability`` (every initialization stored, back in its queue or dead-lettered;
+no duplicate rows; every confirmed checkpoint stored) with the hostile messages counted
+apart. It exits 1 if anything was lost or a service died by itself.
+
+    python -m benchmarks.soak                    # 30 minutes on 127.0.0.1:5672
+    python -m benchmarks.soak --minutes 3        # a quick check of the script
+    python -m benchmarks.soak --broker "$(.ci/rabbitmq-cluster.sh url)"   # on the cluster
+
+Run it from the repository root on a quiet machine; the store and logs go to ``--out``
+(default: a new temporary directory, kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import psutil
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+# the fault rig, the ledger and the hostile cases of the test suite, used as they are
+sys.path[:0] = [str(REPO / "tests" / "reliability"), str(REPO / "tests" / "hostile")]
+
+from hostile_cases import RawSender, hostile_bodies, wire_of  # noqa: E402
+from reliability_cluster import Cluster, Proc  # noqa: E402
+from reliability_ledger import build_ledger  # noqa: E402
+
+from broker.blobstore import FileBlobStore  # noqa: E402
+from broker.connect import amqp_addresses  # noqa: E402
+from broker.schemas import Budget, Checkpoint, Initialization  # noqa: E402
+from broker.settings import default_experiment  # noqa: E402
+
+ENV = "torch/Pendulum-v1"
+MIB = 1024 * 1024
+
+
+@dataclasses.dataclass
+class Soak:
+    """What happened during the run."""
+
+    samples: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    pod_kills: int = 0
+    hostile_batches: int = 0
+    hostile_sent: dict[str, int] = dataclasses.field(default_factory=dict)
+    hostile_ids: set[str] = dataclasses.field(default_factory=set)
+    crashes: list[str] = dataclasses.field(default_factory=list)
+
+
+# ------------------------------------------------------------------ measuring
+
+
+def rss_mib(proc: Proc) -> float:
+    """Resident memory of ``proc`` and its children, MiB (0 if it is gone)."""
+    try:
+        root = psutil.Process(proc.popen.pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:
+            continue
+    return total / MIB
+
+
+def disk_mib(root: Path) -> float:
+    """Bytes under ``root`` (the store: SQLite, WAL, blobs), MiB."""
+    if not root.exists():
+        return 0.0
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) / MIB
+
+
+def sample(cluster: Cluster, started: float) -> dict[str, float]:
+    """One row: minutes since start, RSS per long-lived service, largest pod, store."""
+    row = {"minute": round((time.monotonic() - started) / 60, 1)}
+    for role in ("updater", "generator"):
+        row[f"{role}_rss_mib"] = max((rss_mib(p) for p in cluster.live(role)), default=0.0)
+    pods = [rss_mib(p) for p in cluster.live("pod")]
+    row["pod_rss_max_mib"] = max(pods, default=0.0)
+    row["store_mib"] = disk_mib(cluster.store)
+    return row
+
+
+# ------------------------------------------------------------------ hostile traffic
+
+
+def valid_messages(experiment: str) -> tuple[Initialization, Checkpoint]:
+    """Small valid messages whose near misses make the hostile bodies."""
+    init = Initialization(experiment=experiment, algorithm="ppo", env=ENV,
+                          hparams={"lr": 3e-4}, budget=Budget(steps=64), seed=1)
+    ckpt = Checkpoint(experiment=experiment, init_id="hostile-init", pod="hostile",
+                      algorithm="ppo", env=ENV, hparams={"lr": 3e-4},
+                      state={"w": torch.ones(4)}, score_mean=-100.0, score_std=1.0,
+                      env_steps=64, wall_time=1.0)
+    return init, ckpt
+
+
+async def send_hostile(url: str, experiment: str, blobs: FileBlobStore, soak: Soak) -> None:
+    """One batch of forged bodies to both work queues and the events exchange."""
+    init, ckpt = valid_messages(experiment)
+    batches = {
+        "generator": hostile_bodies(wire_of(init), "checkpoint", blobs,
+                                    rng_seed=soak.hostile_batches),
+        "updater": hostile_bodies(wire_of(ckpt), "initialization", blobs,
+                                  rng_seed=soak.hostile_batches),
+    }
+    connection = await aio_pika.connect(url)
+    try:
+        channel = await connection.channel()
+        sender = RawSender(experiment, channel=channel)
+        for queue, cases in batches.items():
+            for case in cases:
+                await sender.to_queue(queue, case)
+                soak.hostile_ids.add(case.sent_id[:8])
+            soak.hostile_sent[queue] = soak.hostile_sent.get(queue, 0) + len(cases)
+        for case in batches["generator"]:
+            await sender.to_events("control.stop", case)
+        soak.hostile_sent["events"] = soak.hostile_sent.get("events", 0) + len(
+            batches["generator"])
+    finally:
+        await connection.close()
+    soak.hostile_batches += 1
+
+
+# ------------------------------------------------------------------ the run
+
+
+def supervise(cluster: Cluster, soak: Soak) -> None:
+    """A service that exited by itself is noted (a failure) and restarted."""
+    for proc in cluster.crashed():
+        proc.killed = True  # handled
+        soak.crashes.append(f"{proc.name} exit {proc.popen.returncode}")
+        cluster.start(proc.role)
+
+
+def run(args: argparse.Namespace, out: Path) -> tuple[Soak, Cluster]:
+    """Start the services, shake them for ``args.minutes``, stop them."""
+    experiment = f"soak{random.randrange(16**6):06x}"
+    exp = default_experiment(ENV).with_overrides(
+        name=experiment, algos={"ppo": 1, "sac": 1, "td3": 1}, pods=args.pods,
+        round_budget={"seconds": args.round}, eval_episodes=4, device="cpu")
+    cluster = Cluster(args.broker, exp, out, random.Random(11))
+    node = amqp_addresses(args.broker)[0]
+    blobs = FileBlobStore(cluster.store)
+    soak = Soak()
+    started = time.monotonic()
+    end = started + args.minutes * 60
+    next_kill = started + args.kill_every
+    next_hostile = started + args.hostile_every
+    next_sample = started + args.sample_every
+    try:
+        cluster.start("updater")
+        cluster.start("generator")
+        for _ in range(args.pods):
+            cluster.start("pod")
+        print(f"soak: experiment {experiment}, {args.minutes} min, logs in {out / 'logs'}")
+        while time.monotonic() < end:
+            time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+            supervise(cluster, soak)
+            now = time.monotonic()
+            if now >= next_kill:
+                next_kill += args.kill_every
+                victim = cluster.victim_pod(wait_s=0)
+                if victim is not None:
+                    cluster.kill(victim)
+                    cluster.start("pod")
+                    soak.pod_kills += 1
+            if now >= next_hostile:
+                next_hostile += args.hostile_every
+                asyncio.run(send_hostile(node, experiment, blobs, soak))
+            if now >= next_sample:
+                next_sample += args.sample_every
+                row = sample(cluster, started)
+                soak.samples.append(row)
+                print("  ".join(f"{k} {v:8.1f}" for k, v in row.items()), flush=True)
+        codes = cluster.stop_all("soak over")
+        soak.crashes += [f"{name} exit {code} at stop" for name, code in codes.items()
+                         if code != 0]
+    finally:
+        cluster.terminate_all()
+    return soak, cluster
+
+
+# ------------------------------------------------------------------ the report
+
+
+def flat_table(samples: list[dict[str, float]], tolerance: float) -> list[dict[str, Any]]:
+    """Per series: value after warm-up, later peak, growth, flat or not."""
+    warm = max(1, len(samples) // 3)
+    rows = []
+    for key in [k for k in (samples[0] if samples else {}) if k != "minute"]:
+        after = [s[key] for s in samples[warm - 1:]]
+        base, peak = after[0], max(after)
+        growth = (peak - base) / base if base > 0 else 0.0
+        rows.append({"series": key, "after_warmup": round(base, 1), "peak": round(peak, 1),
+                     "growth_pct": round(100 * growth, 1), "flat": growth <= tolerance})
+    return rows
+
+
+def report(args: argparse.Namespace, soak: Soak, cluster: Cluster) -> bool:
+    """Print the table and the ledger; True if nothing was lost and nothing crashed."""
+    table = flat_table(soak.samples, args.flat)
+    print(f"\n{'series':<18}{'after warm-up':>15}{'peak':>10}{'growth':>9}  flat "
+          f"(within {args.flat:.0%})")
+    for row in table:
+        print(f"{row['series']:<18}{row['after_warmup']:>15.1f}{row['peak']:>10.1f}"
+              f"{row['growth_pct']:>8.1f}%  {'yes' if row['flat'] else 'NO'}")
+    node = amqp_addresses(args.broker)[0]
+    ledger = build_ledger(node, cluster.experiment.name, cluster.store,
+                          cluster.all_logs("generator"), cluster.all_logs("pod"))
+    hostile = soak.hostile_ids
+    genuine_dead = {i for i in ledger.in_queue["updater.dead"] if i not in hostile}
+    totals = ledger.totals()
+    # the forged messages are counted apart (ids: the hostile case names)
+    totals["requeued_in_generator_queue"] = len(ledger.in_queue["generator"] - hostile)
+    totals["dead_lettered_inits"] = len(set(ledger.dead_reasons) - hostile)
+    totals["dead_lettered_checkpoints"] = len(genuine_dead)
+    totals["hostile_ids_dead_lettered"] = len(
+        (ledger.in_queue["generator.dead"] | ledger.in_queue["updater.dead"]) & hostile)
+    totals["hostile_ids_still_queued"] = len(
+        (ledger.in_queue["generator"] | ledger.in_queue["updater"]) & hostile)
+    totals.update(pod_kills=soak.pod_kills, hostile_batches=soak.hostile_batches,
+                  hostile_sent=soak.hostile_sent, service_crashes=soak.crashes,
+                  samples=len(soak.samples))
+    print("\nledger:\n" + json.dumps(totals, indent=2, default=sorted))
+    lost = bool(ledger.vanished or ledger.lost_checkpoints or genuine_dead
+                or ledger.rows != ledger.unique_rows)
+    print(f"\nnothing lost: {'yes' if not lost else 'NO'}; services crashed: "
+          f"{len(soak.crashes)}; flat: "
+          f"{'yes' if table and all(r['flat'] for r in table) else 'NO'}")
+    (cluster.root / "soak.json").write_text(json.dumps(
+        {"table": table, "ledger": totals, "samples": soak.samples}, indent=2, default=sorted))
+    return not lost and not soak.crashes
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags, run the soak, print the report; 0 if nothing was lost."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=float, default=30.0, help="length of the run")
+    p.add_argument("--broker", default="amqp://guest:guest@127.0.0.1:5672/",
+                   help="broker URL (may list a cluster's nodes)")
+    p.add_argument("--pods", type=int, default=2)
+    p.add_argument("--round", type=float, default=5.0, help="seconds per round")
+    p.add_argument("--kill-every", type=float, default=120.0, help="seconds between pod kills")
+    p.add_argument("--hostile-every", type=float, default=60.0,
+                   help="seconds between hostile batches")
+    p.add_argument("--sample-every", type=float, default=60.0,
+                   help="seconds between RSS/disk samples")
+    p.add_argument("--flat", type=float, default=0.10, help="growth allowed after warm-up")
+    p.add_argument("--out", type=Path, default=None, help="directory for store and logs")
+    args = p.parse_args(argv)
+    if args.minutes <= 0 or args.pods < 1:
+        p.error("--minutes must be > 0 and --pods >= 1")
+    amqp_addresses(args.broker)  # a bad URL fails here, with the reason
+    out = args.out or Path(tempfile.mkdtemp(prefix="podracer-soak-"))
+    soak, cluster = run(args, out)
+    return 0 if report(args, soak, cluster) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
