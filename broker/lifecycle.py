@@ -38,7 +38,6 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, TypeVar
 
 import pika
@@ -46,7 +45,7 @@ import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
 from broker.errors import BrokerError, ConfigError, ConnectionClosed
-from broker.tls import ssl_context_from_env
+from broker.sync_client import SyncClient
 from broker.topology import PREFIX, WORK_QUEUES, Topology
 from broker.transport import (
     BROKER_DEATH_HEADERS,
@@ -170,41 +169,14 @@ def experiments_on(management: Management) -> dict[str, list[QueueInfo]]:
 # ------------------------------------------------------------------ AMQP side
 
 
-class BrokerAdmin:
-    """Blocking administration of one experiment's broker objects (a context manager)."""
+class BrokerAdmin(SyncClient):
+    """Blocking administration of one experiment's broker objects (a context manager);
+    connects like ``SyncClient`` (every node of a cluster URL)."""
 
     def __init__(self, url: str, experiment: str, *, timeout: float = 10.0) -> None:
         """Validate ``url`` and ``experiment`` (``ConfigError``); connect lazily."""
+        super().__init__(url, experiment, timeout=timeout)
         self.url = url
-        self.topology = Topology(experiment)
-        try:
-            self._params = pika.URLParameters(url)
-        except (ValueError, TypeError) as exc:
-            raise ConfigError("--broker", f"not an AMQP url: {exc}",
-                              "use amqp://user:password@host:5672/vhost") from None
-        if url.startswith("amqps://"):
-            self._params.ssl_options = pika.SSLOptions(ssl_context_from_env(), self._params.host)
-        self._params.socket_timeout = timeout
-        self._params.blocked_connection_timeout = timeout
-        self._params.connection_attempts = 1
-        self._connection: pika.BlockingConnection | None = None
-        self._chan: BlockingChannel | None = None
-
-    def __enter__(self) -> BrokerAdmin:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Close the connection (idempotent)."""
-        connection, self._connection, self._chan = self._connection, None, None
-        if connection is not None and connection.is_open:
-            try:
-                connection.close()
-            except pika.exceptions.AMQPError as exc:
-                log.debug("error while closing: %r", exc)
 
     # -------------------------------------------------------------- queues
 
@@ -230,7 +202,7 @@ class BrokerAdmin:
         name = self._name(queue)
         if self._passive(name) is None:
             return 0
-        ok = self._call(lambda ch: ch.queue_purge(name), what=name)
+        ok = self._admin_call(lambda ch: ch.queue_purge(name), what=name)
         return int(ok.method.message_count or 0)
 
     def delete_idle(self) -> list[str]:
@@ -260,9 +232,9 @@ class BrokerAdmin:
         dead = self.topology.dead(queue.removesuffix(".dead"))
         if self._passive(dead) is None:
             return []
-        return self._call(lambda ch: self._peek(ch, dead, limit), what=dead)
+        return self._admin_call(lambda ch: self._peek_info(ch, dead, limit), what=dead)
 
-    def _peek(self, channel: BlockingChannel, dead: str, limit: int) -> list[DeadLetterInfo]:
+    def _peek_info(self, channel: BlockingChannel, dead: str, limit: int) -> list[DeadLetterInfo]:
         letters: list[DeadLetterInfo] = []
         last_tag = 0
         try:
@@ -286,7 +258,7 @@ class BrokerAdmin:
         dead, target = self.topology.dead(short), self._name(short)
         if self._passive(dead) is None:
             return 0
-        return self._call(lambda ch: self._requeue(ch, dead, target, ids), what=dead)
+        return self._admin_call(lambda ch: self._requeue(ch, dead, target, ids), what=dead)
 
     def _requeue(self, channel: BlockingChannel, dead: str, target: str,
                  ids: Collection[str] | None) -> int:
@@ -331,7 +303,7 @@ class BrokerAdmin:
 
     def _passive(self, name: str) -> QueueInfo | None:
         try:
-            ok = self._call(lambda ch: ch.queue_declare(name, passive=True), what=name)
+            ok = self._admin_call(lambda ch: ch.queue_declare(name, passive=True), what=name)
         except _Missing:
             return None
         return QueueInfo(name, int(ok.method.message_count), int(ok.method.consumer_count))
@@ -348,7 +320,7 @@ class BrokerAdmin:
                 return False
             if_idle = False
         try:
-            self._call(lambda ch: ch.queue_delete(name, if_unused=if_idle, if_empty=if_idle),
+            self._admin_call(lambda ch: ch.queue_delete(name, if_unused=if_idle, if_empty=if_idle),
                        what=name)
         except (_Missing, _InUse):
             return False
@@ -356,18 +328,9 @@ class BrokerAdmin:
 
     def _delete_exchange(self, name: str, *, if_unused: bool) -> None:
         with contextlib.suppress(_Missing, _InUse):
-            self._call(lambda ch: ch.exchange_delete(name, if_unused=if_unused), what=name)
+            self._admin_call(lambda ch: ch.exchange_delete(name, if_unused=if_unused), what=name)
 
-    def _channel(self) -> BlockingChannel:
-        if self._connection is None or not self._connection.is_open:
-            self._connection = pika.BlockingConnection(self._params)
-            self._chan = None
-        if self._chan is None or not self._chan.is_open:
-            self._chan = self._connection.channel()  # a 404/406 closes only the channel
-            self._chan.confirm_delivery()
-        return self._chan
-
-    def _call(self, op: Callable[[BlockingChannel], T], *, what: str) -> T:
+    def _admin_call(self, op: Callable[[BlockingChannel], T], *, what: str) -> T:
         try:
             return op(self._channel())
         except pika.exceptions.ChannelClosedByBroker as exc:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import pika
 import pika.exceptions
@@ -94,7 +94,7 @@ class SyncClient:
         self._connection: pika.BlockingConnection | None = None
         self._chan: BlockingChannel | None = None
 
-    def __enter__(self) -> SyncClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
