@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from required import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
@@ -149,6 +150,10 @@ def test_load_policy_as_documented(store: Path, tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_stock_commands_run(tmp_path: Path) -> None:
     """docs/tutorials/stock.md and the README's stock section, with a 40 s training."""
+    prices = REPO.parent / "shared" / "data" / "sp500_20_adjclose_daily.csv.gz"
+    if not prices.is_file():  # where examples/stock_sp20.toml reads them
+        skip_or_fail(f"examples/stock_sp20.toml reads {prices}, which is missing",
+                     "PODRACER_REQUIRE_STOCK_DATA")
     run = tmp_path / "stock_sp20"
     trained = ok(run_podracer("train", "examples/stock_sp20.toml", "--budget", "40s",
                               "--round-budget", "15s", "--out", str(run), "--quiet",
