@@ -20,8 +20,8 @@ from typing import Any, ClassVar, Protocol, TypeVar
 import gymnasium
 import torch
 
-from broker.errors import ConfigError
-from broker.schemas import Scalar
+from broker.core.errors import ConfigError
+from broker.core.schemas import Scalar
 from envs.base import VecEnv
 
 

@@ -43,7 +43,7 @@ from agents.replay import (
     check_unit,
     polyak,
 )
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from envs.base import VecEnv
 
 logger = logging.getLogger(__name__)

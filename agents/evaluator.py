@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from broker.errors import ConfigError, PodracerError
+from broker.core.errors import ConfigError, PodracerError
 from envs.base import VecEnv
 
 log = logging.getLogger(__name__)

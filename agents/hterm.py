@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from agents.networks import flat_dim
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 
 DEFAULT_WEIGHT = 2.0**-3
 """ElegantRL's ``lambda_h_term``."""

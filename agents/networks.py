@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 
 HIDDEN_GAIN = math.sqrt(2.0)
 

@@ -32,7 +32,7 @@ from agents.replay import (
     seeded_generator,
     store_step,
 )
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from envs.base import VecEnv
 
 ExplorePolicy = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]

@@ -32,7 +32,7 @@ from agents.base import AlgorithmSpec, SearchDim, check_sizes
 from agents.hterm import DEFAULT_WEIGHT, HTermMemory, action_dims, hterm_loss
 from agents.networks import RunningMeanStd, adam_state_tensors, copy_state, flat_dim, mlp
 from agents.rollout import Rollout, finished_returns, gae
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from envs.base import VecEnv
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from envs.base import VecEnv
 
 StateDict = dict[str, torch.Tensor]
@@ -218,7 +218,7 @@ def load_training_state(
     return the counters. A given buffer is restored from ``state``; if the checkpoint
     carries none it is emptied, or left as it is with ``keep_buffer``. A generator whose
     ``rng.<name>`` is absent keeps its stream: a child of a checkpoint drops its parent's
-    RNG states so that siblings explore differently (see ``agents.round.build_agent``).
+    RNG states so that siblings explore differently (see ``agents.build.build_agent``).
 
     Optimizer hyperparameters (learning rates) come from the current config, not the
     checkpoint, so a mutated config takes effect on the restored moments.

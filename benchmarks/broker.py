@@ -34,11 +34,11 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 import aio_pika  # noqa: E402
 import torch  # noqa: E402
 
-from broker.blobstore import FileBlobStore  # noqa: E402
-from broker.connect import connect  # noqa: E402
-from broker.schemas import Checkpoint  # noqa: E402
-from broker.topology import Topology  # noqa: E402
-from broker.transport import DEFAULT_INLINE_LIMIT  # noqa: E402
+from broker.core.blobstore import FileBlobStore  # noqa: E402
+from broker.core.schemas import Checkpoint  # noqa: E402
+from broker.core.topology import Topology  # noqa: E402
+from broker.transports.base import DEFAULT_INLINE_LIMIT  # noqa: E402
+from broker.transports.connect import connect  # noqa: E402
 
 MIB = 1024 * 1024
 

@@ -40,9 +40,9 @@ from pathlib import Path
 
 import torch
 
+from agents.build import build_agent, resolve_config
 from agents.evaluator import evaluate
 from agents.registry import default_registry
-from agents.round import build_agent, resolve_config
 from envs.registry import make_env
 
 CPU = torch.device("cpu")

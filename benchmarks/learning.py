@@ -38,9 +38,9 @@ from collections.abc import Callable
 import torch
 
 from agents.base import Agent
+from agents.build import build_agent, resolve_config
 from agents.evaluator import evaluate
 from agents.registry import default_registry
-from agents.round import build_agent, resolve_config
 from envs.registry import make_env
 
 ENV = "torch/Pendulum-v1"

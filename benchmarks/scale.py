@@ -52,20 +52,20 @@ import pika
 import psutil
 import torch
 
+from agents.build import build_agent, resolve_config
 from agents.registry import default_registry
-from agents.round import build_agent, resolve_config
-from broker.blobstore import FileBlobStore
-from broker.connect import connect
-from broker.errors import BrokerError
-from broker.experiment import Experiment
-from broker.schemas import Checkpoint, Initialization, Stop
-from broker.settings import (
+from broker.core.blobstore import FileBlobStore
+from broker.core.errors import BrokerError
+from broker.core.experiment import Experiment
+from broker.core.schemas import Checkpoint, Initialization, Stop
+from broker.core.settings import (
     configure_logging,
     default_experiment,
     read_experiment,
     write_experiment,
 )
-from broker.sync_client import SyncClient
+from broker.transports.connect import connect
+from broker.transports.sync_client import SyncClient
 from envs.registry import make_env
 from leaderboard.store import LeaderboardStore
 

@@ -52,10 +52,10 @@ from hostile_cases import RawSender, hostile_bodies, wire_of  # noqa: E402
 from reliability_cluster import Cluster, Proc  # noqa: E402
 from reliability_ledger import build_ledger  # noqa: E402
 
-from broker.blobstore import FileBlobStore  # noqa: E402
-from broker.connect import amqp_addresses  # noqa: E402
-from broker.schemas import Budget, Checkpoint, Initialization  # noqa: E402
-from broker.settings import default_experiment  # noqa: E402
+from broker.core.blobstore import FileBlobStore  # noqa: E402
+from broker.core.schemas import Budget, Checkpoint, Initialization  # noqa: E402
+from broker.core.settings import default_experiment  # noqa: E402
+from broker.transports.urls import amqp_addresses  # noqa: E402
 
 ENV = "torch/Pendulum-v1"
 MIB = 1024 * 1024

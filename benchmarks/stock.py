@@ -43,12 +43,13 @@ from typing import Any
 
 import torch
 
+from agents.build import build_agent, resolve_config
+from agents.pod.round import train_round
 from agents.registry import default_registry
-from agents.round import build_agent, resolve_config, train_round
 from benchmarks.tournament_runs import in_subprocess
-from broker.experiment import Experiment
-from broker.schemas import Budget
-from broker.settings import read_experiment, settings_from_env
+from broker.core.experiment import Experiment
+from broker.core.schemas import Budget
+from broker.core.settings import read_experiment, settings_from_env
 from envs.registry import make_env
 from envs.stock.backtest import run_policy
 from podracer.backtest import METRICS, baselines, curve, market

@@ -81,7 +81,7 @@ from benchmarks.tournament_runs import (
     run_lone,
     run_tournament,
 )
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 
 TASKS = {
     "pendulum": Task("pendulum", "torch/Pendulum-v1", -200.0, budget=60.0, eval_every_s=2.0),

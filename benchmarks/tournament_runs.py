@@ -37,11 +37,12 @@ from typing import Any, TypeVar
 import torch
 
 from agents.base import Scalar
+from agents.build import build_agent, resolve_config
 from agents.evaluator import evaluate
+from agents.pod.round import Progress, train_round
 from agents.registry import default_registry
-from agents.round import Progress, build_agent, resolve_config, train_round
-from broker.schemas import Budget
-from broker.settings import default_experiment, settings_from_env
+from broker.core.schemas import Budget
+from broker.core.settings import default_experiment, settings_from_env
 from envs.registry import make_env
 from leaderboard.mutation import fresh_hparams
 from leaderboard.store import Entry, LeaderboardStore

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode as GymAutoresetMode
 
-from broker.errors import ConfigError, EnvUnavailable
+from broker.core.errors import ConfigError, EnvUnavailable
 from envs.base import AutoresetMode, StepResult
 from envs.threaded_vector import ThreadedVectorEnv
 

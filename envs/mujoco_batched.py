@@ -23,7 +23,7 @@ import gymnasium
 import mujoco
 import numpy as np
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from envs.threaded_vector import ThreadedVectorEnv
 
 ANT_V5_ENTRY_POINT = "gymnasium.envs.mujoco.ant_v5:AntEnv"

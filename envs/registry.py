@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from broker.errors import ConfigError, EnvUnavailable
+from broker.core.errors import ConfigError, EnvUnavailable
 from envs.base import VecEnv
 from envs.torch_envs import TORCH_ENVS
 from envs.torch_envs._core import check_device, check_num_envs

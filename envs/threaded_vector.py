@@ -25,7 +25,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,12 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from agents import pod
+from agents.pod import service as pod
 from agents.registry import default_registry
-from broker.connect import connector
-from broker.memory import MemoryBroker
-from broker.service import ServiceContext
-from broker.settings import Settings, default_experiment
+from broker.core.settings import Settings, default_experiment
+from broker.runtime.service import ServiceContext
+from broker.transports.connect import connector
+from broker.transports.memory import MemoryBroker
 from leaderboard import generator, updater
 from leaderboard.selection import default_strategies
 from leaderboard.store import LeaderboardStore

@@ -1,6 +1,6 @@
 """What an experiment file can only be checked against once the program's registries exist.
 
-``broker.experiment`` validates the file's own shape; ``experiment_check`` adds what the
+``broker.core.experiment`` validates the file's own shape; ``experiment_check`` adds what the
 algorithm and selection registries know: every algorithm of the mix exists, its pinned
 hyperparameters fit its config, and the selection strategy and its parameters exist.
 """
@@ -8,8 +8,8 @@ hyperparameters fit its config, and the selection strategy and its parameters ex
 from __future__ import annotations
 
 from agents.base import AlgorithmRegistry, config_from_hparams
-from broker.errors import ConfigError
-from broker.experiment import Check, Experiment
+from broker.core.errors import ConfigError
+from broker.core.experiment import Check, Experiment
 from leaderboard.selection import SelectionRegistry
 
 

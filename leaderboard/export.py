@@ -1,6 +1,6 @@
 """Export the leaderboard's best checkpoint(s) as one policy file, and load it back.
 
-The file is ``broker.codec.pack`` of one map (msgpack with tensors; never pickle)::
+The file is ``broker.core.codec.pack`` of one map (msgpack with tensors; never pickle)::
 
     {"format": "podracer-policy", "version": 1, "env": "<env name>",
      "members": [{"id", "algorithm", "hparams", "score_mean", "state"}, ...]}
@@ -30,9 +30,9 @@ import gymnasium
 import torch
 
 from agents.base import Agent, AlgorithmRegistry, Scalar
-from agents.round import build_agent, resolve_config
-from broker import codec
-from broker.errors import ConfigError, DecodeError
+from agents.build import build_agent, resolve_config
+from broker.core import codec
+from broker.core.errors import ConfigError, DecodeError
 from envs.registry import make_env
 from leaderboard.store import Entry, LeaderboardStore
 

@@ -37,15 +37,15 @@ import logging
 import random
 
 from agents.base import AlgorithmRegistry, config_from_hparams, config_to_hparams
-from broker.blobstore import FileBlobStore
-from broker.connect import Connector
-from broker.control import sleep_or_stop, watch_stop
-from broker.errors import BrokerError, MessageError, TransientError
-from broker.experiment import Experiment
-from broker.schemas import Initialization
-from broker.service import ServiceContext
-from broker.settings import Settings
-from broker.transport import Transport
+from broker.core.blobstore import FileBlobStore
+from broker.core.errors import BrokerError, MessageError, TransientError
+from broker.core.experiment import Experiment
+from broker.core.schemas import Initialization
+from broker.core.settings import Settings
+from broker.runtime.control import sleep_or_stop, watch_stop
+from broker.runtime.service import ServiceContext
+from broker.transports.base import Transport
+from broker.transports.connect import Connector
 from leaderboard.mutation import fresh_hparams, mutate_hparams
 from leaderboard.population import Plan, Planner, PopulationConfig
 from leaderboard.selection import SelectionRegistry

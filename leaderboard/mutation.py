@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from agents.base import Scalar, SearchDim, config_from_hparams, config_to_hparams
-from broker.errors import ConfigError
-from broker.experiment import MutationConfig
+from broker.core.errors import ConfigError
+from broker.core.experiment import MutationConfig
 
 
 def _defaults(config_cls: type) -> dict[str, Scalar]:

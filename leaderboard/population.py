@@ -39,7 +39,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from leaderboard.selection import SelectionStrategy, ranked
 from leaderboard.store import Entry, LeaderboardStore
 

@@ -13,7 +13,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from leaderboard.store import Entry
 
 

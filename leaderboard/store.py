@@ -41,10 +41,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from broker import codec
-from broker.blobstore import BlobRef, FileBlobStore
-from broker.errors import BlobError, ConfigError, PodracerError, SchemaError
-from broker.schemas import Checkpoint, Scalar
+from broker.core import codec
+from broker.core.blobstore import BlobRef, FileBlobStore
+from broker.core.errors import BlobError, ConfigError, PodracerError, SchemaError
+from broker.core.schemas import Checkpoint, Scalar
 
 log = logging.getLogger(__name__)
 

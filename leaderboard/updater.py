@@ -36,23 +36,23 @@ from typing import Any
 import torch
 
 from agents.base import AlgorithmRegistry
+from agents.build import build_agent, resolve_config
 from agents.evaluator import evaluate
-from agents.round import build_agent, resolve_config
-from broker.blobstore import FileBlobStore
-from broker.connect import Connector
-from broker.control import drain_until_idle, sleep_or_stop, watch_stop
-from broker.errors import (
+from broker.core.blobstore import FileBlobStore
+from broker.core.errors import (
     BrokerError,
     ConfigError,
     PodracerError,
     SchemaError,
     StoreUnavailable,
 )
-from broker.schemas import Checkpoint, LeaderboardChanged
-from broker.service import ServiceContext
-from broker.settings import Settings
-from broker.supervise import Backoff
-from broker.transport import Delivery, Transport
+from broker.core.schemas import Checkpoint, LeaderboardChanged
+from broker.core.settings import Settings
+from broker.runtime.control import drain_until_idle, sleep_or_stop, watch_stop
+from broker.runtime.service import ServiceContext
+from broker.runtime.supervise import Backoff
+from broker.transports.base import Delivery, Transport
+from broker.transports.connect import Connector
 from envs.base import VecEnv
 from envs.registry import make_env
 from leaderboard.store import LeaderboardStore, Retention

@@ -15,8 +15,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from broker.service import ServiceContext
-from broker.settings import Settings
+from broker.core.settings import Settings
+from broker.runtime.service import ServiceContext
 
 log = logging.getLogger(__name__)
 

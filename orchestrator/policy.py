@@ -19,11 +19,11 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from orchestrator.probes import NodeLoad
 
 if TYPE_CHECKING:
-    from broker.experiment import Experiment
+    from broker.core.experiment import Experiment
 
 
 @dataclasses.dataclass(frozen=True)

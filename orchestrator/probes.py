@@ -16,7 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import psutil
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
-from broker.errors import BrokerError, ConfigError
-from broker.service import PARENT_PID_ENV
-from broker.settings import Settings, settings_environment, write_experiment
+from broker.core.errors import BrokerError, ConfigError
+from broker.core.settings import Settings, settings_environment, write_experiment
+from broker.runtime.service import PARENT_PID_ENV
 
 log = logging.getLogger(__name__)
 

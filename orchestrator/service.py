@@ -23,13 +23,13 @@ import os
 import time
 from typing import Any
 
-from broker.connect import Connector
-from broker.control import watch_stop
-from broker.errors import BrokerError
-from broker.schemas import LeaderboardChanged, Scale, Stop
-from broker.service import ServiceContext
-from broker.settings import Settings
-from broker.transport import Transport
+from broker.core.errors import BrokerError
+from broker.core.schemas import LeaderboardChanged, Scale, Stop
+from broker.core.settings import Settings
+from broker.runtime.control import watch_stop
+from broker.runtime.service import ServiceContext
+from broker.transports.base import Transport
+from broker.transports.connect import Connector
 from orchestrator.policy import QueueStats, ScalingDecider, ScalingPolicy, StopCondition
 from orchestrator.probes import NodeProbe, Probe, machine_pods
 from orchestrator.scalers import Scaler

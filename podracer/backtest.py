@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from envs.stock.backtest import buy_and_hold, rebalanced, run_policy
 from envs.stock.env import StockTradingEnv
 from envs.stock.factory import phase_env

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from broker.errors import ConfigError, PodracerError
-from broker.settings import (
+from broker.core.errors import ConfigError, PodracerError
+from broker.core.settings import (
     DEFAULT_ENV,
     Settings,
     configure_logging,
@@ -79,7 +79,7 @@ def _experiment_from_args(args: argparse.Namespace) -> Any:
         data["algos"] = algos
         data["num_envs"] = {k: v for k, v in data["num_envs"].items() if k in algos}
         data["hparams"] = {k: v for k, v in data["hparams"].items() if k in algos}
-        from broker.experiment import parse_experiment
+        from broker.core.experiment import parse_experiment
 
         exp = parse_experiment(data)
     return exp.with_overrides({}, check=experiment_check(default_registry(),
@@ -164,8 +164,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from agents.registry import default_registry
-    from broker.connect import connector
-    from broker.supervise import run_supervised  # a crash restarts the service
+    from broker.runtime.supervise import run_supervised  # a crash restarts the service
+    from broker.transports.connect import connector
 
     settings = _serve_settings(args, args.role)
     name = settings.instance_name(args.role)
@@ -173,7 +173,7 @@ def _serve(args: argparse.Namespace) -> int:
     connect = connector(settings.broker)
     registry = default_registry()
     if args.role == "pod":
-        from agents import pod
+        from agents.pod import service as pod
 
         return run_supervised(lambda ctx: pod.main(ctx, registry=registry, connect=connect),
                            settings, name=name)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from leaderboard.store import DB_NAME, Entry, LeaderboardStore
 
 log = logging.getLogger(__name__)
@@ -33,8 +33,8 @@ _TABLE_HEAD = ("rank", "id", "algorithm", "score", "env steps", "gen", "parent",
 
 def experiment_name(value: str | None) -> str:
     """The experiment's name from a file path or a bare name (see the module doc)."""
-    from broker.settings import default_experiment, read_experiment
-    from broker.topology import check_experiment
+    from broker.core.settings import default_experiment, read_experiment
+    from broker.core.topology import check_experiment
 
     if value is None:
         from_env = os.environ.get("PODRACER_EXPERIMENT_FILE")

@@ -15,14 +15,20 @@ from pathlib import Path
 from typing import Any
 
 ALLOWED: Mapping[str, tuple[str, ...]] = {
-    "broker": (),
-    "envs": ("broker",),
-    "agents": ("broker", "envs"),
-    "orchestrator": ("broker",),
-    "leaderboard": ("broker", "envs", "agents"),
-    "podracer": ("broker", "envs", "agents", "leaderboard", "orchestrator"),
+    "broker.core": (),
+    "envs": ("broker.core",),
+    "broker.transports": ("broker.core",),
+    "agents": ("broker.core", "envs"),
+    "broker.runtime": ("broker.core", "broker.transports"),
+    "orchestrator": ("broker.core", "broker.transports", "broker.runtime"),
+    "agents.pod": ("broker.core", "broker.transports", "broker.runtime", "envs", "agents"),
+    "leaderboard": ("broker.core", "broker.transports", "broker.runtime", "envs", "agents"),
+    "podracer": ("broker.core", "broker.transports", "broker.runtime", "envs", "agents",
+                 "agents.pod", "leaderboard", "orchestrator"),
 }
-"""Package -> the packages it may import, bottom floor first."""
+"""Package -> the packages it may import, bottom floor first. A package is a folder
+(``agents/pod`` is ``agents.pod``); a module belongs to the longest one that holds it, so
+``agents`` means the algorithms and ``agents.pod`` the pod service."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,19 +49,29 @@ def _imports(path: Path) -> list[tuple[int, str]]:
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.append((node.lineno, node.module))
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
     return found
+
+
+def package_of(module: str) -> str | None:
+    """The package of ``ALLOWED`` that holds ``module`` (dotted), the longest match."""
+    held = [p for p in ALLOWED if module == p or module.startswith(p + ".")]
+    return max(held, key=len) if held else None
 
 
 def check_layers(root: Path) -> list[Violation]:
     """Every import under ``root`` that crosses the floors of ``ALLOWED``."""
     violations = []
-    for package, allowed in ALLOWED.items():
-        for path in sorted((root / package).rglob("*.py")):
-            for line, module in _imports(path):
-                top = module.split(".")[0]
-                if top in ALLOWED and top != package and top not in allowed:
-                    violations.append(Violation(str(path.relative_to(root)), line, module))
+    tops = sorted({package.split(".")[0] for package in ALLOWED})
+    for path in sorted(p for top in tops for p in (root / top).rglob("*.py")):
+        relative = path.relative_to(root)
+        package = package_of(".".join(relative.with_suffix("").parts))
+        if package is None:
+            continue
+        for line, imported in _imports(path):
+            target = package_of(imported)
+            if target is not None and target != package and target not in ALLOWED[package]:
+                violations.append(Violation(str(relative), line, imported))
     return violations
 
 

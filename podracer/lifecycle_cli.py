@@ -25,8 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from broker.errors import BrokerError, ConfigError
-from broker.topology import WORK_QUEUES, check_experiment
+from broker.core.errors import BrokerError, ConfigError
+from broker.core.topology import WORK_QUEUES, check_experiment
 from podracer.inspect_cli import format_table
 
 DEFAULT_RUNS = "runs"
@@ -101,7 +101,7 @@ def _duration(seconds: float) -> str:
 
 
 def _run_row(run: Path) -> Row | None:
-    from broker.settings import read_experiment
+    from broker.core.settings import read_experiment
     from leaderboard.store import DB_NAME, LeaderboardStore, spent
     from podracer.train import EXPERIMENT_FILE
 
@@ -131,7 +131,7 @@ def experiment_rows(runs: Path, broker: str | None,
             if row is not None:
                 rows[row.name] = row
     if broker:
-        from broker.lifecycle import BrokerAdmin, Management, experiments_on
+        from broker.runtime.lifecycle import BrokerAdmin, Management, experiments_on
 
         # the management API knows which experiments exist; AMQP says how many messages
         # now (the API's counts lag by its stats interval)
@@ -176,7 +176,7 @@ def _confirm(question: str, yes: bool) -> bool:
 
 def cmd_clean(args: argparse.Namespace) -> int:
     """Delete an experiment's queues, exchanges and expiry policy (and ``--store``)."""
-    from broker.lifecycle import BrokerAdmin, Management
+    from broker.runtime.lifecycle import BrokerAdmin, Management
 
     _quiet()
     name = check_experiment(args.name)
@@ -214,7 +214,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
 
 def cmd_dead_letters(args: argparse.Namespace) -> int:
     """List, requeue or purge an experiment's dead letters."""
-    from broker.lifecycle import BrokerAdmin
+    from broker.runtime.lifecycle import BrokerAdmin
 
     _quiet()
     name = check_experiment(args.name)

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from broker.experiment import Experiment
-from broker.schemas import Heartbeat, LeaderboardChanged, Message, Metrics, Stop
-from broker.transport import Transport
+from broker.core.experiment import Experiment
+from broker.core.schemas import Heartbeat, LeaderboardChanged, Message, Metrics, Stop
+from broker.transports.base import Transport
 
 log = logging.getLogger(__name__)
 

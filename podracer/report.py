@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from leaderboard.store import Entry, LeaderboardStore
 
 PALETTE = {"ppo": "tab:blue", "sac": "tab:orange", "td3": "tab:green", "ddpg": "tab:purple",

@@ -21,8 +21,8 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from broker.errors import ConfigError
-from broker.schemas import Heartbeat
+from broker.core.errors import ConfigError
+from broker.core.schemas import Heartbeat
 from leaderboard.store import DB_NAME, LeaderboardStore
 from podracer.inspect_cli import (
     add_place,
@@ -94,8 +94,8 @@ def _rate(value: float) -> str:
 
 def _queue_rows(broker: str, experiment: str, management: str | None) -> tuple[str, bool]:
     """The queue table, and whether the experiment's queues exist on the broker."""
-    from broker.sync_client import SyncClient
-    from broker.topology import WORK_QUEUES
+    from broker.core.topology import WORK_QUEUES
+    from broker.transports.sync_client import SyncClient
 
     head = ("queue", "ready", "consumers", "publish/s", "deliver/s", "ack/s")
     rows: list[tuple[str, ...]] = []
@@ -118,7 +118,7 @@ def _queue_rows(broker: str, experiment: str, management: str | None) -> tuple[s
 async def listen_heartbeats(broker: str, experiment: str, seconds: float
                             ) -> dict[str, tuple[float, Heartbeat]]:
     """Heartbeats heard on ``heartbeat.*`` for ``seconds``: name -> (monotonic time, last)."""
-    from broker.connect import connect
+    from broker.transports.connect import connect
 
     beats: dict[str, tuple[float, Heartbeat]] = {}
     loop = asyncio.get_running_loop()
@@ -159,7 +159,7 @@ def _quiet_client_logs() -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Queues, dead letters, live services and the leaderboard of one experiment."""
-    from broker.transport import redact
+    from broker.transports.base import redact
 
     _quiet_client_logs()
     broker = args.broker or os.environ.get("PODRACER_BROKER")

@@ -20,7 +20,7 @@ An experiment's life (``docs/tutorials/lifecycle.md``):
   TensorBoard and the charts continue on the first session's time axis. A round that
   was waiting or in flight when the run died is re-issued (the generator purges what
   it did not issue itself); a checkpoint a pod had published but the updater had not
-  stored is stored now. Replay rows (``agents.continuity.ReplayCache``) lived in the
+  stored is stored now. Replay rows (``agents.pod.continuity.ReplayCache``) lived in the
   dead processes: a resumed lineage continues from its stored weights, optimizer state
   and hyperparameters with an empty replay buffer (unless ``checkpoint_replay``).
 * **Clean end** (broker mode): on any stop the services obey ``control.stop`` (Ctrl-C
@@ -46,19 +46,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents import pod as pod_service
 from agents.base import AlgorithmRegistry
-from agents.continuity import ReplayCache, default_cache_bytes
+from agents.pod import service as pod_service
+from agents.pod.continuity import ReplayCache, default_cache_bytes
 from agents.registry import default_registry
-from broker.connect import Connector, connector
-from broker.errors import BrokerError, ConfigError
-from broker.experiment import Experiment, TotalBudget
-from broker.memory import MemoryBroker
-from broker.schemas import Budget, Stop
-from broker.service import ServiceContext
-from broker.settings import Settings, settings_environment, write_experiment
-from broker.supervise import ProcessGroup, supervised
-from broker.transport import redact
+from broker.core.errors import BrokerError, ConfigError
+from broker.core.experiment import Experiment, TotalBudget
+from broker.core.schemas import Budget, Stop
+from broker.core.settings import Settings, settings_environment, write_experiment
+from broker.runtime.service import ServiceContext
+from broker.runtime.supervise import ProcessGroup, supervised
+from broker.transports.base import redact
+from broker.transports.connect import Connector, connector
+from broker.transports.memory import MemoryBroker
 from leaderboard import generator as generator_service
 from leaderboard import updater as updater_service
 from leaderboard.selection import SelectionRegistry, default_strategies
@@ -153,7 +153,7 @@ def time_left(experiment: Experiment, done: Spent) -> Experiment:
 class _EmbeddedPods:
     """Pods of embedded mode: one replay cache for all; the first pod trains on a thread
     of this process, every other one in a worker process of its own (one Python process
-    runs about one core's worth of an RL round, see ``agents.runner``)."""
+    runs about one core's worth of an RL round, see ``agents.pod.runner``)."""
 
     def __init__(self, registry: AlgorithmRegistry, connect: Connector) -> None:
         self.registry = registry
@@ -195,7 +195,7 @@ async def _embedded(settings: Settings, monitor: Monitor, registry: AlgorithmReg
         watcher = asyncio.create_task(monitor.follow(transport))
         # the updater and generator subscribe before the orchestrator can stop them
         pods_done = asyncio.Event()
-        # every service is restarted with backoff after a crash (broker.supervise)
+        # every service is restarted with backoff after a crash (broker.runtime.supervise)
         services = [asyncio.create_task(_guarded(supervised(functools.partial(
                         updater_service.main, registry=registry, connect=connect,
                         pods_done=pods_done))(contexts["updater"]))),
@@ -431,7 +431,7 @@ def _prepare_broker(url: str, experiment: str, resume: bool, expiry_s: float) ->
     experiment; for a fresh run, drop work left by an earlier one under this name (a
     resume keeps it: the updater stores the checkpoints, the generator re-issues the
     rounds); let the work queues expire once unused (``expiry_s``)."""
-    from broker.lifecycle import BrokerAdmin, Management
+    from broker.runtime.lifecycle import BrokerAdmin, Management
 
     with BrokerAdmin(url, experiment) as admin:
         busy = admin.running()
@@ -455,7 +455,7 @@ def _prepare_broker(url: str, experiment: str, resume: bool, expiry_s: float) ->
 def _clean_end(url: str, experiment: str) -> None:
     """After the services have exited: no initialization left waiting, and every queue
     that is empty and unused deleted (what holds a checkpoint or a dead letter stays)."""
-    from broker.lifecycle import BrokerAdmin, Management
+    from broker.runtime.lifecycle import BrokerAdmin, Management
 
     try:
         with BrokerAdmin(url, experiment) as admin:

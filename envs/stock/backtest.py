@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from envs.stock.env import StockTradingEnv
 
 

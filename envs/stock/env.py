@@ -41,7 +41,7 @@ import gymnasium
 import numpy as np
 import torch
 
-from broker.errors import ConfigError, PodracerError
+from broker.core.errors import ConfigError, PodracerError
 from envs.base import AutoresetMode, StepResult
 from envs.stock.features import MarketFeatures
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from envs.stock.env import StockEnvConfig, StockTradingEnv
 from envs.stock.features import MarketFeatures, build_features
 from envs.stock.indicators import DEFAULT_INDICATORS

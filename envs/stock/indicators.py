@@ -26,7 +26,7 @@ import re
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from envs.stock.market import MarketData
 
 DEFAULT_INDICATORS = ("macd", "rsi_30", "cci_30", "close_30_sma", "close_60_sma")

@@ -30,7 +30,7 @@ from typing import Literal
 
 import numpy as np
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from envs.stock.market import MarketData
 
 logger = logging.getLogger(__name__)

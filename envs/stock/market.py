@@ -13,7 +13,7 @@ import datetime
 
 import numpy as np
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 
 DateLike = str | datetime.date | np.datetime64
 

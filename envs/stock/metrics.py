@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from envs.stock.market import as_day
 
 PHASES = ("train", "validation", "backtest")

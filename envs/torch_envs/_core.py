@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 
 
 def check_num_envs(num_envs: int) -> int:

@@ -15,7 +15,7 @@ import gymnasium
 import numpy as np
 import torch
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from envs.base import AutoresetMode, StepResult
 from envs.torch_envs import _core
 

@@ -19,10 +19,10 @@ from agents.base import (
     config_from_hparams,
     config_to_hparams,
 )
+from agents.build import resolve_config
 from agents.registry import default_registry
 from agents.replay import MAX_REPLAY_BYTES, ReplayBuffer
-from agents.round import resolve_config
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 
 REGISTRY = default_registry()
 SPECS = [REGISTRY.get(name) for name in REGISTRY.names()]

@@ -11,8 +11,8 @@ import torch
 
 from agents import ddpg, dqn, sac, td3
 from agents.base import AlgorithmSpec, SearchDim
-from broker.codec import pack, unpack
-from broker.errors import ConfigError
+from broker.core.codec import pack, unpack
+from broker.core.errors import ConfigError
 from envs.base import VecEnv
 from envs.registry import make_env
 

@@ -10,12 +10,10 @@ import pytest
 import torch
 
 from agents.base import config_to_hparams
-from agents.continuity import EnvPool, ReplayCache, fit_rows, replay_rows, rows_bytes
-from agents.learners import LearnerGroup, build_learners
-from agents.registry import default_registry
-from agents.replay import ReplayBuffer
-from agents.round import resolve_config
-from agents.runner import (
+from agents.build import resolve_config
+from agents.pod.continuity import EnvPool, ReplayCache, fit_rows, replay_rows, rows_bytes
+from agents.pod.learners import LearnerGroup, build_learners
+from agents.pod.runner import (
     BuildError,
     ProcessWorker,
     RoundJob,
@@ -25,7 +23,9 @@ from agents.runner import (
     ThreadWorker,
     buffer_of,
 )
-from broker.schemas import Budget
+from agents.registry import default_registry
+from agents.replay import ReplayBuffer
+from broker.core.schemas import Budget
 from envs.registry import make_env
 
 pytestmark = pytest.mark.timeout(120)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from agents.replay import ReplayBuffer, store_step
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -11,7 +11,7 @@ import torch
 
 from agents.base import config_from_hparams
 from agents.sac import SACAgent, SACConfig
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from envs.registry import make_env
 from leaderboard.mutation import fresh_hparams
 

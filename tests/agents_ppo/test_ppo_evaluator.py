@@ -9,7 +9,7 @@ import torch
 from ppo_stub_envs import ScriptedEnv
 
 from agents.evaluator import BestSnapshot, EvalResult, evaluate
-from broker.errors import PodracerError
+from broker.core.errors import PodracerError
 
 
 def _zeros(obs: torch.Tensor) -> torch.Tensor:

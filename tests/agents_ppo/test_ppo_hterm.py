@@ -11,11 +11,11 @@ from ppo_stub_envs import ScriptedEnv
 
 from agents.base import config_from_hparams
 from agents.hterm import MAX_LOG_DENSITY, HTermMemory, above_average, hterm_loss
-from agents.learners import build_learners
+from agents.pod.learners import build_learners
 from agents.ppo import PPOAgent, PPOConfig
 from agents.registry import default_registry
-from broker.errors import ConfigError
-from broker.schemas import Checkpoint
+from broker.core.errors import ConfigError
+from broker.core.schemas import Checkpoint
 from envs.registry import make_env
 from leaderboard.mutation import fresh_hparams
 from leaderboard.updater import CheckpointValidator

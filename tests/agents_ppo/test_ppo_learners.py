@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from agents.base import config_to_hparams
-from agents.learners import LearnerGroup, build_learners, fuse_states
+from agents.pod.learners import LearnerGroup, build_learners, fuse_states
 from agents.ppo import PPOAgent, PPOConfig
 from agents.registry import default_registry
 from envs.registry import make_env

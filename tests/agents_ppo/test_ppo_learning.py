@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 
 from agents.base import config_to_hparams
+from agents.build import build_agent
 from agents.evaluator import evaluate
+from agents.pod.round import train_round
 from agents.ppo import PPOConfig
 from agents.registry import default_registry
-from agents.round import build_agent, train_round
-from broker.schemas import Budget
+from broker.core.schemas import Budget
 from envs.registry import make_env
 
 

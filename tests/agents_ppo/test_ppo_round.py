@@ -7,11 +7,12 @@ import torch
 from ppo_stub_envs import ScriptedEnv
 
 from agents.base import AlgorithmRegistry, AlgorithmSpec, config_to_hparams
+from agents.build import build_agent
+from agents.pod.round import Progress, train_round
 from agents.ppo import PPOConfig, build
 from agents.registry import default_registry
-from agents.round import Progress, build_agent, train_round
-from broker.errors import ConfigError
-from broker.schemas import Budget
+from broker.core.errors import ConfigError
+from broker.core.schemas import Budget
 from envs.registry import make_env
 
 SMALL = PPOConfig(num_envs=8, rollout_steps=4, num_minibatches=2, update_epochs=1,

@@ -7,10 +7,10 @@ import torch
 from ppo_stub_envs import ScriptedEnv
 
 from agents.base import config_to_hparams
+from agents.build import build_agent
 from agents.ppo import PPOAgent, PPOConfig
 from agents.registry import default_registry
-from agents.round import build_agent
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from envs.registry import make_env
 
 SMALL = PPOConfig(num_envs=16, rollout_steps=8, num_minibatches=2, update_epochs=2,

@@ -16,11 +16,11 @@ import pika
 import pytest
 from transport_helpers import make_checkpoint, make_init, next_within, wait_depth
 
-from broker.blobstore import FileBlobStore
-from broker.connect import connect
-from broker.messages import CONTENT_TYPE
-from broker.schemas import Checkpoint, Initialization
-from broker.transport import Transport
+from broker.core.blobstore import FileBlobStore
+from broker.core.messages import CONTENT_TYPE
+from broker.core.schemas import Checkpoint, Initialization
+from broker.transports.base import Transport
+from broker.transports.connect import connect
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(60)]
 
@@ -35,8 +35,8 @@ async def transport(amqp_url: str, experiment: str, blob_root: Path
 
 CONSUMER = textwrap.dedent("""
     import asyncio, sys
-    from broker.schemas import Initialization
-    from broker.connect import connect
+    from broker.core.schemas import Initialization
+    from broker.transports.connect import connect
 
     async def main() -> None:
         async with connect(sys.argv[1], experiment=sys.argv[2]) as t:

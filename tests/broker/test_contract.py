@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from transport_helpers import make_init, next_within, nothing_within, wait_depth
 
-from broker.blobstore import FileBlobStore
-from broker.connect import connect
-from broker.errors import ConfigError
-from broker.memory import MemoryBroker
-from broker.schemas import Heartbeat, Initialization, Stop
-from broker.topology import DELIVERY_LIMIT
-from broker.transport import Transport, topic_matches
+from broker.core.blobstore import FileBlobStore
+from broker.core.errors import ConfigError
+from broker.core.schemas import Heartbeat, Initialization, Stop
+from broker.core.topology import DELIVERY_LIMIT
+from broker.transports.base import Transport, topic_matches
+from broker.transports.connect import connect
+from broker.transports.memory import MemoryBroker
 
 Factory = Callable[[], Transport]
 pytestmark = pytest.mark.timeout(60)

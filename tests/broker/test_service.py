@@ -10,11 +10,11 @@ import signal
 import pytest
 from transport_helpers import next_within
 
-from broker.connect import connect
-from broker.errors import ConnectionClosed
-from broker.memory import MemoryBroker
-from broker.schemas import Heartbeat
-from broker.service import ServiceContext, run_service
+from broker.core.errors import ConnectionClosed
+from broker.core.schemas import Heartbeat
+from broker.runtime.service import ServiceContext, run_service
+from broker.transports.connect import connect
+from broker.transports.memory import MemoryBroker
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -65,7 +65,7 @@ def test_broker_error_exits_1_with_one_log_line(caplog: pytest.LogCaptureFixture
     async def main(ctx: ServiceContext[None]) -> None:
         raise ConnectionClosed("broker went away")
 
-    with caplog.at_level(logging.ERROR, logger="broker.service"):
+    with caplog.at_level(logging.ERROR, logger="broker.runtime.service"):
         assert run_service(main, None, name="updater") == 1
-    lines = [r.getMessage() for r in caplog.records if r.name == "broker.service"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "broker.runtime.service"]
     assert lines == ["updater failed: ConnectionClosed: broker went away"]

@@ -8,8 +8,8 @@ from typing import TypeVar
 
 import torch
 
-from broker.schemas import Budget, Checkpoint, Initialization
-from broker.transport import Transport
+from broker.core.schemas import Budget, Checkpoint, Initialization
+from broker.transports.base import Transport
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""broker.blobstore: content addressing, verification, and no way out of the root."""
+"""broker.core.blobstore: content addressing, verification, and no way out of the root."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.blobstore import URI_PREFIX, BlobRef, BlobStore, FileBlobStore
-from broker.errors import BlobError, ConfigError, MessageError
+from broker.core.blobstore import URI_PREFIX, BlobRef, BlobStore, FileBlobStore
+from broker.core.errors import BlobError, ConfigError, MessageError
 
 
 @pytest.fixture

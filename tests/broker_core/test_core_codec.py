@@ -1,4 +1,4 @@
-"""broker.codec: exact round trips, zero-copy decode, and hostile input."""
+"""broker.core.codec: exact round trips, zero-copy decode, and hostile input."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.codec import MAX_NDIM, SUPPORTED_DTYPES, TENSOR_EXT, pack, unpack
-from broker.errors import DecodeError
+from broker.core.codec import MAX_NDIM, SUPPORTED_DTYPES, TENSOR_EXT, pack, unpack
+from broker.core.errors import DecodeError
 
 Same = Callable[[Any, Any], None]
 DTYPE_CODES = {dtype: code for code, dtype in enumerate(SUPPORTED_DTYPES, start=1)}

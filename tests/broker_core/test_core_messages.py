@@ -1,4 +1,4 @@
-"""broker.messages: encode/decode of every kind, the claim check, and refusals."""
+"""broker.core.messages: encode/decode of every kind, the claim check, and refusals."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker import codec
-from broker.blobstore import BlobRef, FileBlobStore
-from broker.errors import (
+from broker.core import codec
+from broker.core.blobstore import BlobRef, FileBlobStore
+from broker.core.errors import (
     BlobError,
     DecodeError,
     MessageError,
@@ -21,14 +21,14 @@ from broker.errors import (
     SchemaError,
     StoreUnavailable,
 )
-from broker.messages import (
+from broker.core.messages import (
     CLAIM_CONTENT_TYPE,
     CONTENT_TYPE,
     DEFAULT_INLINE_LIMIT,
     decode_message,
     encode_message,
 )
-from broker.schemas import (
+from broker.core.schemas import (
     Budget,
     Checkpoint,
     Heartbeat,

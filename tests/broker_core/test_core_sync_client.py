@@ -1,4 +1,4 @@
-"""broker.sync_client against a real RabbitMQ (topology declared here with pika)."""
+"""broker.transports.sync_client against a real RabbitMQ (topology declared here with pika)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pika
 import pytest
 from pika.adapters.blocking_connection import BlockingChannel
 
-from broker.errors import ConfigError, ConnectionClosed
-from broker.messages import CONTENT_TYPE, decode_message, encode_message
-from broker.schemas import Heartbeat, Scale, Stop
-from broker.sync_client import SyncClient
-from broker.topology import DEAD_QUEUE_ARGS, WORK_QUEUES, Topology
+from broker.core.errors import ConfigError, ConnectionClosed
+from broker.core.messages import CONTENT_TYPE, decode_message, encode_message
+from broker.core.schemas import Heartbeat, Scale, Stop
+from broker.core.topology import DEAD_QUEUE_ARGS, WORK_QUEUES, Topology
+from broker.transports.sync_client import SyncClient
 
 
 @pytest.fixture

@@ -1,11 +1,11 @@
-"""broker.topology: every broker name comes from one place."""
+"""broker.core.topology: every broker name comes from one place."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker.errors import ConfigError
-from broker.topology import QUEUE_ARGS, Topology
+from broker.core.errors import ConfigError
+from broker.core.topology import QUEUE_ARGS, Topology
 
 
 def test_names() -> None:

@@ -9,9 +9,9 @@ from typing import Any
 import torch
 
 from agents.base import Agent
+from agents.build import build_agent, resolve_config
 from agents.registry import default_registry
-from agents.round import build_agent, resolve_config
-from broker.schemas import Checkpoint
+from broker.core.schemas import Checkpoint
 from envs.registry import make_env
 from leaderboard.store import LeaderboardStore
 

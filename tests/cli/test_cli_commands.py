@@ -10,7 +10,7 @@ import pytest
 import torch
 from cli_store import ENV, ROWS, build_store
 
-from broker import codec
+from broker.core import codec
 from podracer.cli import main
 
 pytestmark = pytest.mark.timeout(120)

@@ -11,8 +11,8 @@ import torch
 from cli_store import ENV, ROWS, build_store, make_agent
 
 import podracer
-from broker import codec
-from broker.errors import ConfigError
+from broker.core import codec
+from broker.core.errors import ConfigError
 from leaderboard.export import (
     FORMAT,
     Policy,

@@ -6,8 +6,8 @@ from typing import Any
 
 from rich.console import Console
 
-from broker.schemas import LeaderboardChanged
-from broker.settings import default_experiment
+from broker.core.schemas import LeaderboardChanged
+from broker.core.settings import default_experiment
 from podracer.monitor import Monitor
 
 EXP = default_experiment("torch/Pendulum-v1", target_score=-200.0)

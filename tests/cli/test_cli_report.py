@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from broker.errors import ConfigError
-from broker.schemas import Checkpoint
+from broker.core.errors import ConfigError
+from broker.core.schemas import Checkpoint
 from leaderboard.store import DB_NAME, Entry, LeaderboardStore
 from podracer.cli import _add_common
 from podracer.report import add_command, rounds, run_start, throughput_series, write_report

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from broker.connect import connect
-from broker.schemas import Budget, Heartbeat, Initialization
+from broker.core.schemas import Budget, Heartbeat, Initialization
+from broker.transports.connect import connect
 from podracer.cli import main
 from podracer.status_cli import queue_rates
 

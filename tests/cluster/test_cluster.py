@@ -36,9 +36,9 @@ from cluster_nodes import Nodes, delete_experiment, name, wait_for
 from reliability_cluster import Cluster
 from reliability_ledger import build_ledger
 
-from broker.errors import ConfigError
-from broker.settings import default_experiment
-from broker.sync_client import SyncClient
+from broker.core.errors import ConfigError
+from broker.core.settings import default_experiment
+from broker.transports.sync_client import SyncClient
 
 ENV = "torch/Pendulum-v1"
 

@@ -13,10 +13,11 @@ import socket
 import pytest
 from cluster_nodes import Nodes, delete_experiment
 
-from broker.connect import amqp_addresses, connect
-from broker.errors import ConfigError, ConnectionClosed
-from broker.schemas import Budget, Initialization
-from broker.sync_client import SyncClient
+from broker.core.errors import ConfigError, ConnectionClosed
+from broker.core.schemas import Budget, Initialization
+from broker.transports.connect import connect
+from broker.transports.sync_client import SyncClient
+from broker.transports.urls import amqp_addresses
 
 
 @pytest.mark.parametrize(("url", "expected"), [

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from envs.base import AutoresetMode, VecEnv
 from envs.gym_adapter import GymVecEnv, make
 

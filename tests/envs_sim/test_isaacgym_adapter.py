@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from broker.errors import ConfigError, PodracerError
+from broker.core.errors import ConfigError, PodracerError
 from envs.base import AutoresetMode, VecEnv
 from envs.isaacgym_adapter import IsaacGymUnavailable, IsaacGymVecEnv, make
 

@@ -13,7 +13,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 from required import import_or_skip
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from envs.gym_adapter import make
 
 pytestmark = [pytest.mark.mujoco, pytest.mark.timeout(120)]

@@ -12,10 +12,10 @@ import torch
 from stock_testdata import sp500_path
 
 from agents.base import Scalar
+from agents.build import build_agent
 from agents.registry import default_registry
-from agents.round import build_agent
-from broker.errors import ConfigError
-from broker.schemas import Checkpoint
+from broker.core.errors import ConfigError
+from broker.core.schemas import Checkpoint
 from envs.stock import (
     StockTradingEnv,
     buy_and_hold,

@@ -9,7 +9,7 @@ import pytest
 import torch
 from stock_testdata import quandl_adj_close, quandl_path, sp500_path
 
-from broker.errors import ConfigError, PodracerError
+from broker.core.errors import ConfigError, PodracerError
 from envs.base import VecEnv
 from envs.stock import StockEnvConfig, StockTradingEnv, build_features, load_wide_close, make
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from stock_testdata import quandl_path, sp500_path
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from envs.stock import MarketData, build_features, load_quandl, load_wide_close
 from envs.stock.indicators import cci, ema, macd, parse_indicator, rsi, sma, turbulence
 

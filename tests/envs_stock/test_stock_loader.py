@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from stock_testdata import quandl_adj_close, quandl_path, sp500_path
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from envs.stock import (
     MarketData,
     load_market_data,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from envs.stock import backtest_metrics
 
 

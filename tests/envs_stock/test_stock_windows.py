@@ -14,7 +14,7 @@ from stock_testdata import sp500_path
 
 import envs.stock.factory as factory
 from agents.evaluator import evaluate
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from envs.registry import make_env
 from envs.stock import (
     MarketData,

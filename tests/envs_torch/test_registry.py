@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from broker.errors import ConfigError, EnvUnavailable
+from broker.core.errors import ConfigError, EnvUnavailable
 from envs.base import VecEnv
 from envs.registry import EnvRegistry, available_envs, default_env_registry, lazy_adapter, make_env
 from envs.torch_envs import TORCH_ENVS, TorchCartPole

@@ -8,7 +8,7 @@ import gymnasium
 import pytest
 import torch
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from envs.base import AutoresetMode, VecEnv
 from envs.torch_envs import TORCH_ENVS, TorchCartPole, TorchPendulum
 

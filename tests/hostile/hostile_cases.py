@@ -3,7 +3,7 @@
 ``hostile_bodies`` forges what a broken or malicious peer could put on a queue:
 malformed msgpack, forged tensor headers, bombs, bad claim checks, non-finite scores,
 another experiment's message, the wrong kind, the wrong content type. Each case is
-built by hand (``msgpack.packb``), never through ``broker.messages``, so nothing on the
+built by hand (``msgpack.packb``), never through ``broker.core.messages``, so nothing on the
 sending side validates it first.
 
 ``RawSender`` publishes bytes with a chosen content type and message id, on the
@@ -24,13 +24,13 @@ from typing import Any, ClassVar
 import aio_pika
 import msgpack
 
-from broker import codec
-from broker.blobstore import URI_PREFIX, FileBlobStore
-from broker.codec import TENSOR_EXT
-from broker.memory import MemoryBroker, _Envelope
-from broker.messages import CLAIM_CONTENT_TYPE, CONTENT_TYPE
-from broker.schemas import Message
-from broker.topology import Topology
+from broker.core import codec
+from broker.core.blobstore import URI_PREFIX, FileBlobStore
+from broker.core.codec import TENSOR_EXT
+from broker.core.messages import CLAIM_CONTENT_TYPE, CONTENT_TYPE
+from broker.core.schemas import Message
+from broker.core.topology import Topology
+from broker.transports.memory import MemoryBroker, _Envelope
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,11 +18,11 @@ import pytest
 import torch
 from hostile_cases import RawSender
 
-import broker.codec
-from broker.blobstore import FileBlobStore
-from broker.connect import connect
-from broker.memory import MemoryBroker
-from broker.transport import Transport
+import broker.core.codec
+from broker.core.blobstore import FileBlobStore
+from broker.transports.base import Transport
+from broker.transports.connect import connect
+from broker.transports.memory import MemoryBroker
 
 MAX_PEAK_BYTES = 64 * 1024 * 1024
 """Python heap a hostile batch may use at peak (its bodies total about 2.5 MiB)."""
@@ -74,7 +74,7 @@ async def make_rig(url: str, experiment: str, blob_root: Path) -> AsyncIterator[
 
 
 class TorchSpy:
-    """Stands in for ``torch`` inside ``broker.codec`` and records every allocation.
+    """Stands in for ``torch`` inside ``broker.core.codec`` and records every allocation.
 
     ``largest`` is the most bytes any ``torch.empty`` / ``torch.frombuffer`` call of the
     decoder asked for, so a test can prove nothing was sized from an unchecked header.
@@ -107,7 +107,7 @@ def watch_memory(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TorchSpy, li
     Yields the spy and a list that holds the traced peak (bytes) once the block exits.
     """
     spy = TorchSpy()
-    monkeypatch.setattr(broker.codec, "torch", spy)
+    monkeypatch.setattr(broker.core.codec, "torch", spy)
     peak: list[int] = []
     tracemalloc.start()
     try:
@@ -115,4 +115,4 @@ def watch_memory(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TorchSpy, li
     finally:
         peak.append(tracemalloc.get_traced_memory()[1])
         tracemalloc.stop()
-        monkeypatch.setattr(broker.codec, "torch", torch)
+        monkeypatch.setattr(broker.core.codec, "torch", torch)

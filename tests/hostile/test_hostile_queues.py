@@ -20,9 +20,16 @@ from hostile_rig import MAX_PEAK_BYTES, Rig, make_rig, watch_memory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker import codec
-from broker.messages import CLAIM_CONTENT_TYPE, CONTENT_TYPE
-from broker.schemas import Budget, Checkpoint, Initialization, LeaderboardChanged, Message, Stop
+from broker.core import codec
+from broker.core.messages import CLAIM_CONTENT_TYPE, CONTENT_TYPE
+from broker.core.schemas import (
+    Budget,
+    Checkpoint,
+    Initialization,
+    LeaderboardChanged,
+    Message,
+    Stop,
+)
 
 pytestmark = pytest.mark.timeout(120)
 BACKENDS = ["memory", pytest.param("amqp", marks=pytest.mark.rabbitmq)]

@@ -22,14 +22,14 @@ import torch
 from hostile_cases import Case, Tripwire, foreign_initializations, hostile_bodies, packb, wire_of
 from hostile_rig import Rig, make_rig
 
-from agents import pod as pod_service
+from agents.build import build_agent
+from agents.pod import service as pod_service
 from agents.registry import default_registry
-from agents.round import build_agent
-from broker.connect import Connector, connector
-from broker.memory import MemoryBroker
-from broker.schemas import Budget, Checkpoint, Initialization, LeaderboardChanged, Stop
-from broker.service import ServiceContext
-from broker.settings import Settings, default_experiment
+from broker.core.schemas import Budget, Checkpoint, Initialization, LeaderboardChanged, Stop
+from broker.core.settings import Settings, default_experiment
+from broker.runtime.service import ServiceContext
+from broker.transports.connect import Connector, connector
+from broker.transports.memory import MemoryBroker
 from envs.registry import make_env
 from leaderboard import generator as generator_service
 from leaderboard import updater as updater_service

@@ -10,8 +10,8 @@ import pytest
 
 from agents.base import AlgorithmRegistry, AlgorithmSpec, SearchDim
 from agents.registry import default_registry
-from broker.errors import ConfigError
-from broker.experiment import Experiment, load_experiment, parse_experiment
+from broker.core.errors import ConfigError
+from broker.core.experiment import Experiment, load_experiment, parse_experiment
 from leaderboard.checks import experiment_check
 from leaderboard.selection import default_strategies
 
@@ -130,7 +130,7 @@ def test_registry_checks_algorithms_and_pinned_hparams() -> None:
 
 
 def test_default_name_of_a_stock_env_leaves_its_windows_out() -> None:
-    from broker.settings import default_experiment
+    from broker.core.settings import default_experiment
 
     env = ("stock/../shared/data/sp500_20_adjclose_daily.csv.gz?train=2016-01-01..2018-05-12"
            "&validation=2018-05-13..2019-05-12&backtest=2019-05-13..2021-05-26")

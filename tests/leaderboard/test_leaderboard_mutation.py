@@ -11,7 +11,7 @@ from typing import ClassVar
 import pytest
 
 from agents.base import Scalar, SearchDim
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from leaderboard.mutation import MutationConfig, fresh_hparams, mutate_hparams, perturb
 
 

@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from broker.blobstore import BlobRef
-from broker.errors import ConfigError
+from broker.core.blobstore import BlobRef
+from broker.core.errors import ConfigError
 from leaderboard.selection import (
     Fresh,
     SelectionStrategy,

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from broker import codec
-from broker.errors import BlobError, ConfigError
-from broker.schemas import Checkpoint
+from broker.core import codec
+from broker.core.errors import BlobError, ConfigError
+from broker.core.schemas import Checkpoint
 from leaderboard.store import DB_NAME, LeaderboardStore
 
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from broker.errors import ConfigError
-from broker.schemas import Checkpoint
+from broker.core.errors import ConfigError
+from broker.core.schemas import Checkpoint
 from leaderboard.population import Family, Planner, PopulationConfig, shares
 from leaderboard.selection import Tournament
 from leaderboard.store import LeaderboardStore

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.blobstore import FileBlobStore
-from broker.connect import connect
-from broker.errors import BrokerError
-from broker.lifecycle import BrokerAdmin, Management
-from broker.schemas import Budget, Initialization
+from broker.core.blobstore import FileBlobStore
+from broker.core.errors import BrokerError
+from broker.core.schemas import Budget, Initialization
+from broker.runtime.lifecycle import BrokerAdmin, Management
+from broker.transports.connect import connect
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(120)]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from broker.topology import Topology
-from broker.transport import process_role
+from broker.core.topology import Topology
+from broker.transports.base import process_role
 
 
 def test_process_role_names_the_service() -> None:

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from broker.errors import ConfigError
-from broker.experiment import TotalBudget
-from broker.schemas import Checkpoint
-from broker.settings import default_experiment
+from broker.core.errors import ConfigError
+from broker.core.experiment import TotalBudget
+from broker.core.schemas import Checkpoint
+from broker.core.settings import default_experiment
 from leaderboard.store import LeaderboardStore, spent
 from podracer.train import already_done, has_run, time_left
 

@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from broker.errors import ConfigError
-from broker.experiment import parse_experiment
+from broker.core.errors import ConfigError
+from broker.core.experiment import parse_experiment
 from orchestrator.policy import QueueStats, ScalingDecider, ScalingPolicy, StopCondition
 from orchestrator.probes import GpuLoad, NodeLoad
 

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 from orchestrator.probes import FakeProbe, GpuLoad, NodeLoad, NodeProbe, Probe
 
 

@@ -16,12 +16,12 @@ from typing import Any
 import docker.errors
 import pytest
 
-from broker.connect import connector
-from broker.errors import BrokerError, ConfigError
-from broker.experiment import parse_experiment
-from broker.memory import MemoryBroker
-from broker.service import ServiceContext
-from broker.settings import Settings
+from broker.core.errors import BrokerError, ConfigError
+from broker.core.experiment import parse_experiment
+from broker.core.settings import Settings
+from broker.runtime.service import ServiceContext
+from broker.transports.connect import connector
+from broker.transports.memory import MemoryBroker
 from orchestrator.embedded import TaskScaler
 from orchestrator.policy import ScalingPolicy
 from orchestrator.probes import FakeProbe, NodeLoad

@@ -25,10 +25,10 @@ from pathlib import Path
 import pika
 import pika.exceptions
 
-from broker.experiment import Experiment
-from broker.schemas import Stop
-from broker.settings import write_experiment
-from broker.sync_client import SyncClient
+from broker.core.experiment import Experiment
+from broker.core.schemas import Stop
+from broker.core.settings import write_experiment
+from broker.transports.sync_client import SyncClient
 
 log = logging.getLogger(__name__)
 

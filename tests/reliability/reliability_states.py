@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
+from agents.build import build_agent
 from agents.registry import default_registry
-from agents.round import build_agent
-from broker.schemas import Checkpoint
+from broker.core.schemas import Checkpoint
 from envs.registry import make_env
 
 

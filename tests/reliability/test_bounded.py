@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from broker.amqp_inbox import EventInbox, InboxItem
-from broker.connect import connect
-from broker.errors import ConnectionClosed
-from broker.schemas import Heartbeat
+from broker.core.errors import ConnectionClosed
+from broker.core.schemas import Heartbeat
+from broker.transports.amqp_inbox import EventInbox, InboxItem
+from broker.transports.connect import connect
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -46,9 +46,9 @@ def test_event_inbox_drops_the_oldest_events_and_keeps_control_items(
 async def test_a_slow_subscriber_holds_at_most_its_backlog(
     amqp_url: str, experiment: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import broker.amqp
+    import broker.transports.amqp
 
-    monkeypatch.setattr(broker.amqp, "SUBSCRIBER_BACKLOG", 20)
+    monkeypatch.setattr(broker.transports.amqp, "SUBSCRIBER_BACKLOG", 20)
     async with connect(amqp_url, experiment=experiment) as transport:
         await transport.declare()
         async with transport.subscribe(["heartbeat.#"]) as _events:
@@ -85,8 +85,8 @@ def test_disk_use_stays_flat_over_a_thousand_checkpoints(tmp_path: Path) -> None
     from reliability_states import ppo_checkpoint, ppo_state
 
     from agents.registry import default_registry
-    from broker.service import ServiceContext
-    from broker.settings import Settings, default_experiment
+    from broker.core.settings import Settings, default_experiment
+    from broker.runtime.service import ServiceContext
     from leaderboard.store import LeaderboardStore
     from leaderboard.updater import Updater
 
@@ -125,8 +125,8 @@ def test_disk_use_stays_flat_over_a_thousand_checkpoints(tmp_path: Path) -> None
 async def test_a_claim_checked_blob_goes_once_its_message_is_acked(
     amqp_url: str, experiment: str, tmp_path: Path,
 ) -> None:
-    from broker.blobstore import FileBlobStore
-    from broker.schemas import Budget, Initialization
+    from broker.core.blobstore import FileBlobStore
+    from broker.core.schemas import Budget, Initialization
 
     blobs = FileBlobStore(tmp_path)
     state = {"w": torch.randn(64, 64)}

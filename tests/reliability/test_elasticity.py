@@ -21,14 +21,14 @@ from typing import Any
 
 import pytest
 
-from agents import pod as pod_service
-from broker.blobstore import FileBlobStore
-from broker.connect import connector
-from broker.memory import MemoryBroker
-from broker.schemas import Budget, Initialization
-from broker.service import ServiceContext
-from broker.settings import Settings, default_experiment
-from broker.transport import Transport
+from agents.pod import service as pod_service
+from broker.core.blobstore import FileBlobStore
+from broker.core.schemas import Budget, Initialization
+from broker.core.settings import Settings, default_experiment
+from broker.runtime.service import ServiceContext
+from broker.transports.base import Transport
+from broker.transports.connect import connector
+from broker.transports.memory import MemoryBroker
 from leaderboard import updater as updater_service
 from leaderboard.store import LeaderboardStore
 from orchestrator.embedded import TaskScaler

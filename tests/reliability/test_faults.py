@@ -33,7 +33,7 @@ import pytest
 from reliability_cluster import Cluster, Proc, broker_guard, restart_broker
 from reliability_ledger import build_ledger
 
-from broker.settings import default_experiment
+from broker.core.settings import default_experiment
 
 log = logging.getLogger(__name__)
 

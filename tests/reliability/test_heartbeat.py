@@ -7,10 +7,10 @@ import logging
 
 import pytest
 
-from broker.connect import connect
-from broker.memory import MemoryBroker
-from broker.schemas import Heartbeat
-from broker.service import ServiceContext
+from broker.core.schemas import Heartbeat
+from broker.runtime.service import ServiceContext
+from broker.transports.connect import connect
+from broker.transports.memory import MemoryBroker
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 SERVICE = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from broker.service import run_service
+    from broker.runtime.service import run_service
 
     marks = Path(sys.argv[1])
 

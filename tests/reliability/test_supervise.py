@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.errors import ConfigError, ConnectionClosed
-from broker.service import ServiceContext
-from broker.supervise import Backoff, ProcessGroup, Supervision, supervise, supervised
+from broker.core.errors import ConfigError, ConnectionClosed
+from broker.runtime.service import ServiceContext
+from broker.runtime.supervise import Backoff, ProcessGroup, Supervision, supervise, supervised
 
 pytestmark = pytest.mark.timeout(60)
 QUICK = Supervision(max_restarts=3, window_s=60.0, backoff_base_s=0.01, backoff_cap_s=0.05)

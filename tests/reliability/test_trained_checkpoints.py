@@ -13,10 +13,11 @@ import dataclasses
 import pytest
 import torch
 
+from agents.build import build_agent, resolve_config
+from agents.pod.round import train_round
 from agents.registry import default_registry
-from agents.round import build_agent, resolve_config, train_round
-from broker.errors import ConfigError
-from broker.schemas import Budget, Checkpoint
+from broker.core.errors import ConfigError
+from broker.core.schemas import Budget, Checkpoint
 from envs.registry import make_env
 from leaderboard.updater import CheckpointValidator
 

@@ -22,16 +22,16 @@ import gymnasium
 import pytest
 import torch
 
-from agents import pod as pod_service
-from agents import runner as runner_module
-from broker.blobstore import BlobRef, FileBlobStore
-from broker.connect import connect
-from broker.errors import BlobError, EnvUnavailable, StoreUnavailable
-from broker.memory import MemoryBroker
-from broker.schemas import Budget, Checkpoint, Initialization, LeaderboardChanged
-from broker.service import ServiceContext
-from broker.settings import Settings, default_experiment
-from broker.transport import Transport
+from agents.pod import service as pod_service
+from agents.pod.service import runner as runner_module
+from broker.core.blobstore import BlobRef, FileBlobStore
+from broker.core.errors import BlobError, EnvUnavailable, StoreUnavailable
+from broker.core.schemas import Budget, Checkpoint, Initialization, LeaderboardChanged
+from broker.core.settings import Settings, default_experiment
+from broker.runtime.service import ServiceContext
+from broker.transports.base import Transport
+from broker.transports.connect import connect
+from broker.transports.memory import MemoryBroker
 from envs import gym_adapter
 from leaderboard import updater as updater_service
 
@@ -398,9 +398,9 @@ async def test_memory_consumer_keeps_a_message_it_could_not_read_for_a_fault_of_
 ) -> None:
     """Embedded mode: a store that cannot be read while a message is decoded puts the
     message back at the front of its queue; nothing is dead-lettered or dropped."""
-    import broker.memory
+    import broker.transports.memory
 
-    real_decode = broker.memory.decode
+    real_decode = broker.transports.memory.decode
     faults = [StoreUnavailable("store volume not mounted")]
 
     async def flaky_decode(*args: Any, **kwargs: Any) -> Any:
@@ -408,7 +408,7 @@ async def test_memory_consumer_keeps_a_message_it_could_not_read_for_a_fault_of_
             raise faults.pop()
         return await real_decode(*args, **kwargs)
 
-    monkeypatch.setattr(broker.memory, "decode", flaky_decode)
+    monkeypatch.setattr(broker.transports.memory, "decode", flaky_decode)
     sent = init(experiment)
     async with connect("memory://", experiment=experiment, memory=MemoryBroker()) as transport:
         await transport.publish("generator", sent)

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.blobstore import BlobRef, FileBlobStore
-from broker.codec import pack
-from broker.errors import BlobError, MessageError
-from broker.messages import CLAIM_CONTENT_TYPE, decode_message
-from broker.schemas import Initialization
+from broker.core.blobstore import BlobRef, FileBlobStore
+from broker.core.codec import pack
+from broker.core.errors import BlobError, MessageError
+from broker.core.messages import CLAIM_CONTENT_TYPE, decode_message
+from broker.core.schemas import Initialization
 
 pytestmark = pytest.mark.timeout(30)
 SECRET = b"root:x:0:0:secret line\n"

@@ -23,12 +23,12 @@ import msgpack
 import pytest
 import torch
 
-from broker import codec
-from broker.blobstore import FileBlobStore
-from broker.codec import TENSOR_EXT
-from broker.errors import MessageError
-from broker.messages import CLAIM_CONTENT_TYPE, CONTENT_TYPE, decode_message
-from broker.schemas import Budget, Checkpoint, Initialization
+from broker.core import codec
+from broker.core.blobstore import FileBlobStore
+from broker.core.codec import TENSOR_EXT
+from broker.core.errors import MessageError
+from broker.core.messages import CLAIM_CONTENT_TYPE, CONTENT_TYPE, decode_message
+from broker.core.schemas import Budget, Checkpoint, Initialization
 from leaderboard.store import LeaderboardStore
 
 pytestmark = pytest.mark.timeout(60)

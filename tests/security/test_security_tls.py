@@ -17,11 +17,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from broker.amqp import AmqpTransport
-from broker.connect import connect
-from broker.errors import BrokerError, ConfigError
-from broker.schemas import Budget, Initialization
-from broker.tls import ssl_context_from_env
+from broker.core.errors import BrokerError, ConfigError
+from broker.core.schemas import Budget, Initialization
+from broker.transports.amqp import AmqpTransport
+from broker.transports.connect import connect
+from broker.transports.tls import ssl_context_from_env
 
 pytestmark = pytest.mark.timeout(60)
 TLS_DIR = Path(os.environ.get("PODRACER_TLS_DIR", "/etc/rabbitmq/podracer-tls"))

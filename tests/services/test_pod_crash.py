@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.blobstore import FileBlobStore
-from broker.connect import connect
-from broker.schemas import Budget, Checkpoint, Initialization
-from broker.settings import default_experiment, write_experiment
+from broker.core.blobstore import FileBlobStore
+from broker.core.schemas import Budget, Checkpoint, Initialization
+from broker.core.settings import default_experiment, write_experiment
+from broker.transports.connect import connect
 
 ENV = "torch/Pendulum-v1"
 PPO = {"num_envs": 8, "rollout_steps": 16, "hidden_size": 16}

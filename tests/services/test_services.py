@@ -16,18 +16,18 @@ from typing import Any
 import pytest
 import torch
 
-from agents import pod as pod_service
-from agents.continuity import ReplayCache
+from agents.build import build_agent, resolve_config
+from agents.pod import service as pod_service
+from agents.pod.continuity import ReplayCache
+from agents.pod.runner import RoundRunner, RunnerConfig, ThreadWorker
 from agents.registry import default_registry
-from agents.round import build_agent, resolve_config
-from agents.runner import RoundRunner, RunnerConfig, ThreadWorker
-from broker.blobstore import FileBlobStore
-from broker.connect import Connector, connector
-from broker.memory import MemoryBroker
-from broker.schemas import Budget, Checkpoint, Initialization, LeaderboardChanged, Stop
-from broker.service import ServiceContext
-from broker.settings import Settings, default_experiment
-from broker.transport import Transport
+from broker.core.blobstore import FileBlobStore
+from broker.core.schemas import Budget, Checkpoint, Initialization, LeaderboardChanged, Stop
+from broker.core.settings import Settings, default_experiment
+from broker.runtime.service import ServiceContext
+from broker.transports.base import Transport
+from broker.transports.connect import Connector, connector
+from broker.transports.memory import MemoryBroker
 from envs.registry import make_env
 from leaderboard import generator as generator_service
 from leaderboard import updater as updater_service

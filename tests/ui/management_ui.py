@@ -55,7 +55,7 @@ REFUSED_ALGORITHM, REFUSED_ENV = "sac", "torch/CartPole-v1"
 """The forged initialization: one of the run's algorithms on an env that is not the
 run's, so a pod refuses it in one line before building anything."""
 REFUSAL = "env 'torch/CartPole-v1' is not this experiment's ('torch/Pendulum-v1')"
-"""What the pod's reason for refusing it says (``agents.pod.Pod.refusal``)."""
+"""What the pod's reason for refusing it says (``agents.pod.service.Pod.refusal``)."""
 
 
 @dataclass(frozen=True)
@@ -268,8 +268,8 @@ def refuse_one(api: Management, amqp_url: str, experiment: str,
     import asyncio
     import concurrent.futures
 
-    from broker.connect import connect
-    from broker.schemas import Budget, Initialization
+    from broker.core.schemas import Budget, Initialization
+    from broker.transports.connect import connect
 
     prefix = f"podracer.{experiment}."
     # Publish only once a pod holds a round: before its first round the generator drains

@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from broker.errors import ConfigError
-from broker.schemas import Budget, Scalar
-from broker.toml_table import Table
+from broker.core.errors import ConfigError
+from broker.core.schemas import Budget, Scalar
+from broker.core.toml_table import Table
 
 if sys.version_info >= (3, 11):
     import tomllib

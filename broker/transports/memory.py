@@ -3,12 +3,12 @@
 A :class:`MemoryBroker` is the hub (the "server"): pass the same instance to every
 ``connect("memory://", memory=hub)`` that should see each other's messages. It holds
 no global state, so tests stay isolated. Messages are encoded with the real codec
-(``broker.messages``), so memory mode exercises the wire format and the claim check.
+(``broker.core.messages``), so memory mode exercises the wire format and the claim check.
 
 Semantics mirrored from the AMQP transport: FIFO per queue, prefetch, ack, nack with
 requeue (redelivered, counted; past ``DELIVERY_LIMIT`` returns the message is
 dead-lettered like a quorum queue does, with an ``x-death``-like header), reject ->
-``<queue>.dead`` with the ``x-podracer-*`` headers of ``broker.transport``, unsettled
+``<queue>.dead`` with the ``x-podracer-*`` headers of ``broker.transports.base``, unsettled
 deliveries return to the queue when a consumer closes, topic routing with ``*``/``#``.
 Everything is single event loop: use one hub from one loop.
 """
@@ -24,11 +24,11 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from broker.errors import ConnectionClosed, MessageError
-from broker.messages import DEFAULT_INLINE_LIMIT
-from broker.schemas import Message
-from broker.topology import DELIVERY_LIMIT, WORK_QUEUES, Topology
-from broker.transport import (
+from broker.core.errors import ConnectionClosed, MessageError
+from broker.core.messages import DEFAULT_INLINE_LIMIT
+from broker.core.schemas import Message
+from broker.core.topology import DELIVERY_LIMIT, WORK_QUEUES, Topology
+from broker.transports.base import (
     SUBSCRIBER_BACKLOG,
     DeadLetterInfo,
     Delivery,
@@ -44,7 +44,7 @@ from broker.transport import (
 )
 
 if TYPE_CHECKING:
-    from broker.blobstore import BlobStore
+    from broker.core.blobstore import BlobStore
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
@@ -282,7 +282,7 @@ class _Events:
 
 
 class MemoryTransport:
-    """A :class:`broker.transport.Transport` on a :class:`MemoryBroker` hub."""
+    """A :class:`broker.transports.base.Transport` on a :class:`MemoryBroker` hub."""
 
     def __init__(self, hub: MemoryBroker, *, experiment: str, blobs: BlobStore | None = None,
                  inline_limit: int = DEFAULT_INLINE_LIMIT, service: str | None = None) -> None:

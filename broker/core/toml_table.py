@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 
 
 class Table:

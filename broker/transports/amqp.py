@@ -1,4 +1,4 @@
-"""RabbitMQ transport through aio-pika (see ``broker.transport`` for the contract).
+"""RabbitMQ transport through aio-pika (see ``broker.transports.base`` for the contract).
 
 Choices worth knowing:
 
@@ -10,20 +10,22 @@ Choices worth knowing:
   raises ``PublishError``. A retry after a lost confirm may duplicate a message:
   handlers are idempotent by message id, by design.
 - A consumer the server cancels (queue deleted, leader moved, connection dropped) is
-  restored by aio-pika's robust channel. A watchdog (``broker.amqp_inbox.watch_consumer``)
+  restored by aio-pika's robust channel. A watchdog
+  (``broker.transports.amqp_inbox.watch_consumer``)
   checks every ``watch_interval`` seconds that our consumer tag is live while the
   connection is up; if it stays gone for ``cancel_grace`` seconds the iterator raises
   ``ConnectionClosed`` so the service exits and its supervisor restarts it: never a
   silent stall.
-- Deliveries and the iterators over them live in ``broker.amqp_inbox``: deliveries
+- Deliveries and the iterators over them live in ``broker.transports.amqp_inbox``: deliveries
   received on a channel that has since closed are dropped (the broker redelivers them);
   settling one logs a warning instead of raising.
-- aio-pika / aiormq exceptions (``broker.amqp_inbox.BROKER_ERRORS``) never leave this
-  module or ``broker.amqp_inbox``: they are translated into ``broker.errors`` (or, when
+- aio-pika / aiormq exceptions (``broker.transports.amqp_inbox.BROKER_ERRORS``) never leave this
+  module or ``broker.transports.amqp_inbox``: they are translated into
+  ``broker.core.errors`` (or, when
   settling a delivery, logged).
 - ``reject`` cannot add headers with ``basic.reject``, so a refused message is
   *published* to the ``dlx`` exchange (same body and properties, plus the
-  ``x-podracer-*`` headers of ``broker.transport``) on the confirm channel, and only
+  ``x-podracer-*`` headers of ``broker.transports.base``) on the confirm channel, and only
   once RabbitMQ confirmed it is the original acked; if that publish fails the original
   is nacked back to its queue. A crash in between can leave a copy in both places (at
   least once), never in neither. Dead-lettering by the broker itself (delivery limit)
@@ -31,13 +33,13 @@ Choices worth knowing:
 - Subscriber queues are exclusive and named ``podracer.<exp>.events.<role>.<host>-<pid>.<random>``
   (``Topology.subscriber``), so the management UI says who reads each.
 - A URL may list the nodes of a cluster (``amqp://u:p@n1:5672,n2:5672,n3:5672/``, see
-  ``broker.connect.amqp_addresses``). Each connection starts at a random node (spreading
+  ``broker.transports.connect.amqp_addresses``). Each connection starts at a random node (spreading
   clients over the cluster) and moves to the next node whenever an attempt fails or the
-  connection drops (``broker.amqp_failover``); every attempt is bounded by
+  connection drops (``broker.transports.amqp_failover``); every attempt is bounded by
   ``connect_timeout``.
 - ``amqps://`` uses TLS; ``PODRACER_TLS_CA``, ``PODRACER_TLS_CERT`` and
   ``PODRACER_TLS_KEY`` (file paths) configure the CA bundle and a client certificate
-  (``broker.tls``).
+  (``broker.transports.tls``).
 """
 
 from __future__ import annotations
@@ -60,8 +62,12 @@ from aio_pika.abc import (
     AbstractRobustExchange,
 )
 
-from broker.amqp_failover import CONNECT_ERRORS, connect_failover
-from broker.amqp_inbox import (
+from broker.core.errors import ConfigError, ConnectionClosed, PublishError
+from broker.core.messages import DEFAULT_INLINE_LIMIT
+from broker.core.schemas import Message
+from broker.core.topology import DEAD_QUEUE_ARGS, WORK_QUEUES, Topology
+from broker.transports.amqp_failover import CONNECT_ERRORS, connect_failover
+from broker.transports.amqp_inbox import (
     BROKER_ERRORS,
     AmqpDeliveries,
     AmqpEvents,
@@ -69,13 +75,7 @@ from broker.amqp_inbox import (
     InboxItem,
     watch_consumer,
 )
-from broker.connect import amqp_addresses
-from broker.errors import ConfigError, ConnectionClosed, PublishError
-from broker.messages import DEFAULT_INLINE_LIMIT
-from broker.schemas import Message
-from broker.tls import ssl_context_from_env
-from broker.topology import DEAD_QUEUE_ARGS, WORK_QUEUES, Topology
-from broker.transport import (
+from broker.transports.base import (
     BROKER_DEATH_HEADERS,
     DEFAULT_PUBLISH_TRIES,
     SUBSCRIBER_BACKLOG,
@@ -92,16 +92,18 @@ from broker.transport import (
     redact,
     service_label,
 )
+from broker.transports.tls import ssl_context_from_env
+from broker.transports.urls import amqp_addresses
 
 if TYPE_CHECKING:
-    from broker.blobstore import BlobStore
+    from broker.core.blobstore import BlobStore
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
 
 
 class AmqpTransport:
-    """A :class:`broker.transport.Transport` on RabbitMQ (build it with ``connect``)."""
+    """A :class:`broker.transports.base.Transport` on RabbitMQ (build it with ``connect``)."""
 
     def __init__(
         self, url: str, *, experiment: str, blobs: BlobStore | None = None,

@@ -8,9 +8,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
-from broker.schemas import Stop
-from broker.service import ServiceContext
-from broker.transport import Transport
+from broker.core.schemas import Stop
+from broker.runtime.service import ServiceContext
+from broker.transports.base import Transport
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

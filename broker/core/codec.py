@@ -39,7 +39,7 @@ import msgpack
 import numpy as np
 import torch
 
-from broker.errors import DecodeError
+from broker.core.errors import DecodeError
 
 TENSOR_EXT: Final = 1
 MAX_NDIM: Final = 8

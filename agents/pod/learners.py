@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from agents.base import Agent, AlgorithmRegistry, Scalar
-from agents.round import build_agent
-from broker.errors import ConfigError
+from agents.build import build_agent
+from broker.core.errors import ConfigError
 from envs.base import VecEnv
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from typing import Annotated, Any, ClassVar, TypeVar, get_type_hints
 
 import torch
 
-from broker.errors import SchemaError
+from broker.core.errors import SchemaError
 
 SCHEMA_VERSION = 1
 Scalar = float | int | bool | str
@@ -321,7 +321,7 @@ def _spec(cls: type[Message]) -> _Spec:
             rules[f.name] = _RULES[hint]
         else:
             raise TypeError(f"{cls.__name__}.{f.name}: no receipt check for type {hint!r}; "
-                            f"add one to broker.schemas._RULES")
+                            f"add one to broker.core.schemas._RULES")
     optional = frozenset(
         f.name for f in dataclasses.fields(cls)
         if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING

@@ -2,7 +2,8 @@
 
 ``PODRACER_TLS_CA``, ``PODRACER_TLS_CERT`` and ``PODRACER_TLS_KEY`` (file paths)
 configure the CA bundle and a client certificate. The asyncio transport
-(``broker.amqp``) and the blocking client (``broker.sync_client``) both build their
+(``broker.transports.amqp``) and the blocking client (``broker.transports.sync_client``)
+both build their
 context here; this module imports neither aio-pika nor pika.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import os
 import ssl
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 
 
 def ssl_context_from_env() -> ssl.SSLContext:

@@ -2,11 +2,12 @@
 
 One small interface, two implementations with the same semantics:
 
-- ``amqp://`` / ``amqps://`` -> :class:`broker.amqp.AmqpTransport` (RabbitMQ via aio-pika);
-- ``memory://`` -> :class:`broker.memory.MemoryTransport` (in-process, for unit tests
+- ``amqp://`` / ``amqps://`` -> :class:`broker.transports.amqp.AmqpTransport` (RabbitMQ via
+  aio-pika);
+- ``memory://`` -> :class:`broker.transports.memory.MemoryTransport` (in-process, for unit tests
   and ``podracer train`` with nothing installed).
 
-Typical service code (``broker.connect.connect`` builds the transport for a URL)::
+Typical service code (``broker.transports.connect.connect`` builds the transport for a URL)::
 
     async with connect(url, experiment="ant", blobs=FileBlobStore(root)) as transport:
         async with transport.consume("generator", prefetch=1, expect=Initialization) as inbox:
@@ -18,7 +19,7 @@ Typical service code (``broker.connect.connect`` builds the transport for a URL)
 Contract (both transports, proven by ``tests/broker/test_contract.py``):
 
 - Work queues are ``"generator"`` and ``"updater"`` (short names, ``WORK_QUEUES`` of
-  ``broker.topology``; the transport adds the ``podracer.<experiment>.`` namespace).
+  ``broker.core.topology``; the transport adds the ``podracer.<experiment>.`` namespace).
   Their dead-letter queues are ``"generator.dead"`` and ``"updater.dead"``
   (``DEAD_QUEUES``; valid for ``queue_depth`` and ``consume``).
 - ``publish`` returns once the broker has confirmed the message (persistent). It
@@ -44,7 +45,7 @@ Contract (both transports, proven by ``tests/broker/test_contract.py``):
   key such as ``heartbeat.<pod>``; ``subscribe`` with patterns where ``*`` matches one
   dot-separated word and ``#`` zero or more. A subscriber sees only events published
   after it subscribed; undecodable events are dropped with one warning line.
-- Broker failures surface only as ``broker.errors.BrokerError`` subclasses
+- Broker failures surface only as ``broker.core.errors.BrokerError`` subclasses
   (``ConnectionClosed``, ``PublishError``); bad arguments as ``ConfigError``.
 - Iterators from ``consume``/``subscribe`` are safe to cancel while waiting
   (``asyncio.wait_for(anext(inbox), t)`` or ``ServiceContext.until_stopping``): a
@@ -68,17 +69,17 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from broker.errors import ConfigError
-from broker.messages import (
+from broker.core.errors import ConfigError
+from broker.core.messages import (
     CLAIM_CONTENT_TYPE,
     decode_message,
     encode_message,
 )
-from broker.schemas import Message
-from broker.topology import DEAD_QUEUES, WORK_QUEUES, Topology
+from broker.core.schemas import Message
+from broker.core.topology import DEAD_QUEUES, WORK_QUEUES, Topology
 
 if TYPE_CHECKING:
-    from broker.blobstore import BlobStore
+    from broker.core.blobstore import BlobStore
 
 M = TypeVar("M", bound=Message, covariant=True)
 T = TypeVar("T", bound=Message)
@@ -326,7 +327,7 @@ def payload_bytes(msg: Message) -> int:
 async def encode(
     msg: Message, *, blobs: BlobStore | None, inline_limit: int
 ) -> tuple[bytes, str]:
-    """``broker.messages.encode_message`` — in a thread when the payload is large.
+    """``broker.core.messages.encode_message`` — in a thread when the payload is large.
 
     Large messages are packed (and maybe written to the blob store) off the event loop
     so heartbeats keep flowing while a checkpoint is serialized.
@@ -341,7 +342,7 @@ async def decode(
     body: bytes, content_type: str | None, *, blobs: BlobStore | None,
     expect: type[T] | None = None, experiment: str | None = None,
 ) -> T:
-    """``broker.messages.decode_message`` — in a thread for large bodies or claim checks.
+    """``broker.core.messages.decode_message`` — in a thread for large bodies or claim checks.
 
     ``expect=None`` accepts any kind (events).
 

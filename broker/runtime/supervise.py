@@ -28,8 +28,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from broker.errors import ConfigError
-from broker.service import PARENT_PID_ENV, ServiceContext, run_service
+from broker.core.errors import ConfigError
+from broker.runtime.service import PARENT_PID_ENV, ServiceContext, run_service
 
 S = TypeVar("S")
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from broker.errors import ConfigError
-from broker.experiment import Experiment, load_experiment, parse_experiment
+from broker.core.errors import ConfigError
+from broker.core.experiment import Experiment, load_experiment, parse_experiment
 
 DEFAULT_ENV = "torch/Pendulum-v1"
 

@@ -1,4 +1,5 @@
-"""The receiving side of the RabbitMQ transport (``broker.amqp``): inboxes and deliveries.
+"""The receiving side of the RabbitMQ transport (``broker.transports.amqp``): inboxes
+and deliveries.
 
 ``AmqpTransport.consume``/``subscribe`` register a callback that puts every raw
 aio-pika message into an inbox (an ``asyncio.Queue``); the iterators here take from it,
@@ -31,13 +32,13 @@ from typing import TYPE_CHECKING, Generic, TypeVar, cast
 import aiormq
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
 
-from broker.errors import ConnectionClosed, MessageError
-from broker.messages import CLAIM_CONTENT_TYPE, claim_of
-from broker.schemas import Message
-from broker.transport import Delivery, decode
+from broker.core.errors import ConnectionClosed, MessageError
+from broker.core.messages import CLAIM_CONTENT_TYPE, claim_of
+from broker.core.schemas import Message
+from broker.transports.base import Delivery, decode
 
 if TYPE_CHECKING:
-    from broker.blobstore import BlobStore
+    from broker.core.blobstore import BlobStore
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)

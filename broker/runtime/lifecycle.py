@@ -17,14 +17,14 @@ after its services run::
   (``podracer train`` calls it once every service of the run has exited).
 * **Expiry.** ``set_expiry`` puts a policy (``expires``) on the experiment's work
   queues through the management API: RabbitMQ deletes them once unused that long
-  (``broker.topology`` says why a policy and not a queue argument). Dead-letter
+  (``broker.core.topology`` says why a policy and not a queue argument). Dead-letter
   queues are left out on purpose: they go only when empty (``delete_idle``).
 * **Dead letters.** ``dead_letters`` peeks (``basic.get``, then ``nack`` with requeue:
   the dead-letter queues are classic, so nothing is counted or reordered);
   ``requeue`` publishes dead letters back to their work queue with confirms and only
   then acks them; ``purge_dead`` empties a dead-letter queue.
 
-Every pika or HTTP failure is translated once, here, into ``broker.errors``.
+Every pika or HTTP failure is translated once, here, into ``broker.core.errors``.
 """
 
 from __future__ import annotations
@@ -44,10 +44,9 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
-from broker.errors import BrokerError, ConfigError, ConnectionClosed
-from broker.sync_client import SyncClient
-from broker.topology import PREFIX, WORK_QUEUES, Topology
-from broker.transport import (
+from broker.core.errors import BrokerError, ConfigError, ConnectionClosed
+from broker.core.topology import PREFIX, WORK_QUEUES, Topology
+from broker.transports.base import (
     BROKER_DEATH_HEADERS,
     HEADER_QUEUE,
     HEADER_REASON,
@@ -57,6 +56,7 @@ from broker.transport import (
     describe_dead,
     redact,
 )
+from broker.transports.sync_client import SyncClient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

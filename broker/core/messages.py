@@ -1,6 +1,6 @@
 """Message <-> body bytes, with the claim check; what every transport calls.
 
-A message packs (``broker.codec``) to a body with ``CONTENT_TYPE``. When the body
+A message packs (``broker.core.codec``) to a body with ``CONTENT_TYPE``. When the body
 is larger than the inline limit it goes to the blob store and the published body
 is a small claim with ``CLAIM_CONTENT_TYPE``::
 
@@ -16,10 +16,10 @@ from __future__ import annotations
 import logging
 from typing import Any, TypeVar, overload
 
-from broker import codec, schemas
-from broker.blobstore import BlobRef, BlobStore
-from broker.errors import BlobError, ConfigError, DecodeError, PublishError, SchemaError
-from broker.schemas import Message
+from broker.core import codec, schemas
+from broker.core.blobstore import BlobRef, BlobStore
+from broker.core.errors import BlobError, ConfigError, DecodeError, PublishError, SchemaError
+from broker.core.schemas import Message
 
 log = logging.getLogger(__name__)
 

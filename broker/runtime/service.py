@@ -34,9 +34,9 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Generic, TypeVar
 
-from broker.errors import BrokerError, PodracerError
-from broker.schemas import Heartbeat
-from broker.transport import Transport
+from broker.core.errors import BrokerError, PodracerError
+from broker.core.schemas import Heartbeat
+from broker.transports.base import Transport
 
 log = logging.getLogger(__name__)
 S = TypeVar("S")

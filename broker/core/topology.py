@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from broker.errors import ConfigError
+from broker.core.errors import ConfigError
 
 PREFIX = "podracer"
 EXPERIMENT_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")

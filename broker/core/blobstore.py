@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from broker.errors import BlobError, ConfigError, StoreUnavailable
+from broker.core.errors import BlobError, ConfigError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -2,12 +2,12 @@
 
 A pod takes one ``Initialization`` at a time (prefetch 1) from the ``generator`` queue,
 builds the env and the agent (fresh or restored), trains for the round's budget in a
-worker (a thread, or a process of its own: ``agents.runner``; the event loop keeps
+worker (a thread, or a process of its own: ``agents.pod.runner``; the event loop keeps
 heartbeats and metrics flowing), evaluates, publishes a ``Checkpoint`` to ``updater``
 with a broker confirm, and only then acks the initialization.
 
 A child continues its lineage: it starts with the replay rows its parent's round ended
-with when this process holds them (``agents.continuity``), explores with random
+with when this process holds them (``agents.pod.continuity``), explores with random
 streams of its own seed, and the envs of the previous round are reused. A round ends
 early, and is published at once, when an evaluation reaches the experiment's target; a
 long round also publishes its intermediate bests (``<init>.<k>``) as it goes, each
@@ -39,9 +39,9 @@ from collections.abc import Callable, Mapping
 import torch
 
 from agents.base import AlgorithmRegistry
-from agents.continuity import ReplayCache, default_cache_bytes
-from agents.round import Progress, RoundResult, Snapshot
-from agents.runner import (
+from agents.pod.continuity import ReplayCache, default_cache_bytes
+from agents.pod.round import Progress, RoundResult, Snapshot
+from agents.pod.runner import (
     BuildError,
     ProcessWorker,
     RoundJob,
@@ -51,21 +51,21 @@ from agents.runner import (
     ThreadWorker,
     Worker,
 )
-from broker.blobstore import FileBlobStore
-from broker.connect import Connector
-from broker.control import sleep_or_stop, watch_stop
-from broker.errors import (
+from broker.core.blobstore import FileBlobStore
+from broker.core.errors import (
     BrokerError,
     EnvUnavailable,
     PublishError,
     StoreUnavailable,
     TransientError,
 )
-from broker.schemas import Budget, Checkpoint, Initialization, Metrics
-from broker.service import ServiceContext
-from broker.settings import Settings
-from broker.supervise import Backoff
-from broker.transport import Delivery, Transport
+from broker.core.schemas import Budget, Checkpoint, Initialization, Metrics
+from broker.core.settings import Settings
+from broker.runtime.control import sleep_or_stop, watch_stop
+from broker.runtime.service import ServiceContext
+from broker.runtime.supervise import Backoff
+from broker.transports.base import Delivery, Transport
+from broker.transports.connect import Connector
 from envs.registry import make_env
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def capped(budget: Budget) -> Budget:
 
 
 class _Chain:
-    """The checkpoints of one round: its intermediate bests (``agents.round.Snapshot``),
+    """The checkpoints of one round: its intermediate bests (``agents.pod.round.Snapshot``),
     each continued by the next, and the round's own, which keeps the initialization's id
     (a redelivered round cannot add a second row; intermediate ids are ``<init>.<k>``)."""
 
@@ -366,7 +366,7 @@ class Pod:
 
 
 def make_worker(settings: Settings, registry: AlgorithmRegistry, kind: str) -> Worker:
-    """A ``thread`` or ``process`` worker (see ``agents.runner``) for this pod's rounds."""
+    """A ``thread`` or ``process`` worker (see ``agents.pod.runner``) for this pod's rounds."""
     exp = settings.experiment
     config = RunnerConfig(device=str(settings.torch_device()), eval_episodes=exp.eval_episodes,
                           learners=exp.learners, torch_threads=settings.torch_threads)
@@ -382,7 +382,7 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
 
     ``registry`` holds the algorithms and ``connect`` reaches the broker (both built
     where the program starts). ``worker`` says where rounds run (``thread`` or
-    ``process``, see ``agents.runner``); ``cache`` is the replay cache shared with other
+    ``process``, see ``agents.pod.runner``); ``cache`` is the replay cache shared with other
     pods of this process (default: the pod's own)."""
     settings = ctx.settings
     if settings.torch_threads and worker == "thread":

@@ -2,7 +2,7 @@
 
 aio-pika's ``RobustConnection`` reconnects, but always to the one URL it was given: a
 service whose node died would retry that node forever. :class:`FailoverConnection`
-holds every node's URL (``broker.connect.amqp_addresses``) and moves to the next one
+holds every node's URL (``broker.transports.connect.amqp_addresses``) and moves to the next one
 each time a connection attempt fails or an open connection drops, so a reconnect lands
 on a node that is up; aio-pika then restores channels, declarations and consumers there
 as it would after a restart. A quorum queue is reachable from any node of its cluster,
@@ -26,7 +26,7 @@ import aio_pika
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from yarl import URL
 
-from broker.transport import redact
+from broker.transports.base import redact
 
 log = logging.getLogger(__name__)
 

@@ -9,13 +9,13 @@ control messages (``control.stop`` / ``control.scale``) with publisher confirms:
         client.publish_control(Stop(experiment="ant", reason="enough"))
 
 A URL may list a cluster's nodes (``amqp://u:p@n1:5672,n2:5672/``, see
-``broker.connect.amqp_addresses``): the client connects to the first node that
+``broker.transports.connect.amqp_addresses``): the client connects to the first node that
 answers, in the listed order, and to the next one after a lost connection.
 
-It never declares anything: the services own the topology (``broker.topology``), so
+It never declares anything: the services own the topology (``broker.core.topology``), so
 a missing queue or exchange means a wrong experiment name or services not started
 yet, and is reported as a ``ConfigError`` saying so. Every pika error is translated
-to ``broker.errors`` here. The connection opens on first use; ``close`` is idempotent.
+to ``broker.core.errors`` here. The connection opens on first use; ``close`` is idempotent.
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
-from broker import codec
-from broker.connect import amqp_addresses
-from broker.errors import BrokerError, ConfigError, ConnectionClosed, PublishError
-from broker.messages import CLAIM_CONTENT_TYPE, encode_message
-from broker.schemas import Scale, Stop
-from broker.tls import ssl_context_from_env
-from broker.topology import DEAD_QUEUES, WORK_QUEUES, Topology
+from broker.core import codec
+from broker.core.errors import BrokerError, ConfigError, ConnectionClosed, PublishError
+from broker.core.messages import CLAIM_CONTENT_TYPE, encode_message
+from broker.core.schemas import Scale, Stop
+from broker.core.topology import DEAD_QUEUES, WORK_QUEUES, Topology
+from broker.transports.tls import ssl_context_from_env
+from broker.transports.urls import amqp_addresses
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +224,7 @@ class SyncClient:
         return self._chan
 
     def _call(self, op: Callable[[BlockingChannel], T], *, what: str) -> T:
-        """Run ``op`` on an open channel, translating pika errors to broker.errors."""
+        """Run ``op`` on an open channel, translating pika errors to broker.core.errors."""
         try:
             return op(self._channel())
         except pika.exceptions.UnroutableError:
@@ -289,7 +289,7 @@ def _dead_letter(queue: str, props: pika.BasicProperties, body: bytes) -> DeadLe
     deaths = headers.get("x-death") or []
     first = deaths[-1] if isinstance(deaths, list) and deaths else {}
     summary, data = _preview(body, props.content_type)
-    # ours (x-podracer-*, see broker.transport) when a service refused it, else RabbitMQ's
+    # ours (x-podracer-*, see broker.transports.base) when a service refused it, else RabbitMQ's
     reason = (headers.get("x-podracer-reason") or headers.get("x-first-death-reason")
               or (first.get("reason") if first else None))
     source = headers.get("x-first-death-queue") or (first.get("queue") if first else None)

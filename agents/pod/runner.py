@@ -30,18 +30,19 @@ from typing import Any
 import torch
 
 from agents.base import Agent, AlgorithmRegistry, Scalar
-from agents.continuity import EnvPool, Rows, fit_rows, replay_rows
-from agents.learners import LearnerGroup, build_learners
+from agents.build import resolve_config
+from agents.pod.continuity import EnvPool, Rows, fit_rows, replay_rows
+from agents.pod.learners import LearnerGroup, build_learners
+from agents.pod.round import Progress, RoundResult, train_round
 from agents.replay import ReplayBuffer
-from agents.round import Progress, RoundResult, resolve_config, train_round
-from broker.errors import (
+from broker.core.errors import (
     ConfigError,
     EnvUnavailable,
     PodracerError,
     ResourceExhausted,
     TransientError,
 )
-from broker.schemas import Budget
+from broker.core.schemas import Budget
 from envs.base import VecEnv
 
 log = logging.getLogger(__name__)
@@ -103,12 +104,12 @@ class RunnerConfig:
     eval_episodes: int = 16
     learners: int = 1
     eval_every_s: float | str | None = "auto"
-    """Evaluation cadence within a round (see ``agents.round``)."""
+    """Evaluation cadence within a round (see ``agents.pod.round``)."""
     torch_threads: int | None = None
     """torch intra-op threads of a process worker (a thread worker leaves them alone)."""
     snapshot_every_s: float | None = 60.0
     """A round this long or longer reports intermediate bests this often (the pod
-    publishes them: see ``agents.round``)."""
+    publishes them: see ``agents.pod.round``)."""
 
 
 def buffer_of(agent: Agent) -> ReplayBuffer | None:

@@ -1,0 +1,1 @@
+"""The pod service: takes an initialization, trains a round, publishes the checkpoint."""

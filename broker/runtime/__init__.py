@@ -1,0 +1,2 @@
+"""The service runtime: a service's context and heartbeats, control events,
+supervision, a run's lifecycle."""

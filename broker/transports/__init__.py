@@ -1,0 +1,2 @@
+"""The transports: RabbitMQ (aio-pika for services, pika for the synchronous client)
+and the in-process memory transport."""
