@@ -22,8 +22,8 @@ import gymnasium
 import pytest
 import torch
 
-from agents.pod import service as pod_service
 from agents.pod import runner as runner_module
+from agents.pod import service as pod_service
 from broker.core.blobstore import BlobRef, FileBlobStore
 from broker.core.errors import BlobError, EnvUnavailable, StoreUnavailable
 from broker.core.schemas import Budget, Checkpoint, Initialization, LeaderboardChanged
