@@ -3,7 +3,8 @@
 An algorithm module (``agents/ppo.py``, ``agents/sac.py`` ...) defines a frozen
 config dataclass (one docstring per field, a ``num_envs`` field, a ``SEARCH_SPACE``
 class variable naming the fields the generator may mutate) and an agent class that
-satisfies ``Agent``. ``AlgorithmSpec`` ties the two together; an
+satisfies ``Agent`` (config checks live in ``agents/checks.py``; off-policy agents
+subclass ``agents.offpolicy.OffPolicyAgent``). ``AlgorithmSpec`` ties the two together; an
 ``AlgorithmRegistry`` is built by ``agents.registry.default_registry()`` and passed
 in to whoever needs it (no global).
 """
@@ -14,7 +15,6 @@ import dataclasses
 import math
 import random
 from collections.abc import Callable, Mapping
-from types import MappingProxyType
 from typing import Any, ClassVar, Protocol, TypeVar
 
 import gymnasium
@@ -94,53 +94,6 @@ def config_from_hparams(cls: type[C], hparams: Mapping[str, Scalar]) -> C:
         raise ConfigError("hparams", str(exc)) from None
 
 
-SIZE_LIMITS: Mapping[str, tuple[int, int]] = MappingProxyType({
-    "num_envs": (1, 2**20),
-    "hidden_size": (1, 4096),
-    "hidden_layers": (1, 16),
-    "rollout_steps": (1, 65_536),
-    "steps_per_iter": (1, 65_536),
-    "batch_size": (1, 2**20),
-    "buffer_size": (1, 50_000_000),
-    "updates_per_iter": (1, 1024),
-    "update_epochs": (1, 1024),
-    "num_minibatches": (1, 1024),
-})
-"""Inclusive ``[low, high]`` of every size-like hyperparameter, whichever config has it.
-
-Hparams arrive in broker messages from strangers and size tensors, envs and loops
-(the updater even builds a reference agent from them), so each is capped here, once."""
-
-MAX_HIDDEN_WEIGHTS = 2**24
-"""Cap on ``hidden_size**2 * (hidden_layers - 1)``, the hidden-to-hidden weights of one
-network (64 MiB in float32): the two per-field caps alone would allow 1 GiB networks."""
-
-
-def check_range(name: str, value: float, low: float, high: float, fix: str = "") -> None:
-    """``ConfigError`` naming ``hparams.<name>`` unless ``low <= value <= high``."""
-    if not low <= value <= high:
-        raise ConfigError(f"hparams.{name}", f"must be in [{low}, {high}], got {value}",
-                          fix or f"set {name} within [{low}, {high}]")
-
-
-def check_sizes(config: Any) -> None:
-    """``ConfigError`` for the first field of ``config`` outside ``SIZE_LIMITS``, or for
-    hidden layers too big together (see ``MAX_HIDDEN_WEIGHTS``)."""
-    for field in dataclasses.fields(config):
-        if field.name in SIZE_LIMITS:
-            low, high = SIZE_LIMITS[field.name]
-            check_range(field.name, getattr(config, field.name), low, high)
-    hidden = getattr(config, "hidden_size", None)
-    layers = getattr(config, "hidden_layers", None)
-    if hidden is not None and layers is not None:
-        weights = hidden * hidden * (layers - 1)
-        if weights > MAX_HIDDEN_WEIGHTS:
-            raise ConfigError("hparams.hidden_size",
-                              f"hidden_size**2 * (hidden_layers - 1) = {weights} weights "
-                              f"per network exceeds {MAX_HIDDEN_WEIGHTS}",
-                              "use fewer or narrower hidden layers")
-
-
 def config_to_hparams(config: Any) -> dict[str, Scalar]:
     """The flat map that travels in ``Initialization.hparams``."""
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
@@ -153,7 +106,11 @@ class Agent(Protocol):
     epochs; for off-policy methods a batch of env steps and their gradient steps).
     ``state_dict`` is the *full* training state (networks, targets, optimizer
     moments, normalizers, counters, RNG where it matters) as a flat map of tensors, so
-    that ``load_state_dict`` resumes training exactly.
+    that ``load_state_dict`` resumes training exactly. Its layout is the one checkpoint
+    contract of ``agents/state.py``: a freshly built agent's state has the same names,
+    shapes and dtypes as a trained one's (optimizer moments are named by parameter and
+    exist from construction); only collected data (``replay.*``, ``hterm.*``) varies,
+    present when it holds rows, with its row count as the leading dimension.
     """
 
     config: Any

@@ -8,20 +8,16 @@ network refreshed every ``target_update_interval`` gradient steps (hard copy at
 ``double`` the online network picks the next action and the target network values it;
 with ``dueling`` Q = V + A - mean(A) from a shared trunk. One training iteration
 explores ``steps_per_iter`` steps on each of ``num_envs`` copies, then takes
-``updates_per_iter`` gradient steps.
-
-Checkpoints: ``state_dict`` holds the Q network, its target, the Adam optimizer
-(moments and step counts), the RNG states and the counters (which also fix epsilon).
-The replay buffer is included only with ``checkpoint_replay=True``; without it a
-restored agent refills its buffer before updating again, so resumption is exact only
-with the flag on.
+``updates_per_iter`` gradient steps (``agents.offpolicy.OffPolicyAgent`` runs the loop).
+Checkpoints (``agents/state.py``): the Q network, its target, the optimizer's state, the
+RNG states and the counters (which also fix epsilon); the replay buffer only with
+``checkpoint_replay``.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import logging
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -31,22 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agents.base import AlgorithmSpec, SearchDim, check_sizes
-from agents.networks import HIDDEN_GAIN, flat_dim, mlp, orthogonal_init
-from agents.offpolicy import OffPolicyConfig, ReplayLoop
-from agents.replay import (
-    Batch,
-    ReplayBuffer,
-    StateDict,
-    check_nonnegative,
-    check_positive,
-    check_unit,
-    polyak,
-)
+from agents.base import AlgorithmSpec, SearchDim
+from agents.checks import check_positive, check_unit
+from agents.networks import HIDDEN_GAIN, flat_dim, mlp, orthogonal_init, polyak, seeded
+from agents.offpolicy import OffPolicyAgent, OffPolicyConfig
+from agents.replay import Batch
+from agents.state import Parts, adam
 from broker.core.errors import ConfigError
 from envs.base import VecEnv
-
-logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,19 +74,12 @@ class DQNConfig(OffPolicyConfig):
     """Double DQN: the online net chooses the next action, the target net values it."""
     dueling: bool = True
     """Dueling heads: Q = V + A - mean(A)."""
-    hidden_size: int = 128
-    """Width of every hidden layer."""
-    hidden_layers: int = 2
-    """Number of hidden layers."""
-    checkpoint_replay: bool = False
-    """Put the replay buffer in state_dict (big checkpoints, but exact resumption)."""
 
     def __post_init__(self) -> None:
-        check_sizes(self)
+        super().__post_init__()
         check_positive(self, "lr", "epsilon_decay_steps", "target_update_interval",
                        "target_tau", "max_grad_norm")
-        check_unit(self, "gamma", "epsilon_start", "epsilon_end", "target_tau")
-        check_nonnegative(self, "learning_starts")
+        check_unit(self, "epsilon_start", "epsilon_end", "target_tau")
 
 
 class QNetwork(nn.Module):
@@ -125,8 +106,10 @@ class QNetwork(nn.Module):
         return self.value(features) + advantage - advantage.mean(dim=-1, keepdim=True)
 
 
-class DQNAgent:
+class DQNAgent(OffPolicyAgent):
     """DQN with epsilon-greedy exploration, a target network and Double/Dueling flags."""
+
+    config: DQNConfig
 
     def __init__(self, obs_space: gymnasium.spaces.Space[Any],
                  act_space: gymnasium.spaces.Space[Any], config: DQNConfig, device: torch.device,
@@ -134,24 +117,15 @@ class DQNAgent:
         if not isinstance(act_space, gymnasium.spaces.Discrete):
             raise ConfigError("algorithm", f"DQN needs a Discrete action space, got {act_space}",
                               "use sac, td3, ddpg or ppo for continuous actions")
-        self.config = config
-        self.device = torch.device(device)
-        self.env_steps = 0
-        self.updates = 0
+        # the buffer stores 0-based class indices; the env gets them shifted by ``start``
+        super().__init__(config, obs_space, (), device, seed, action_dtype=torch.int64)
         self.n_actions = int(act_space.n)
         self._action_start = int(act_space.start)
-        with torch.random.fork_rng(devices=[]):  # seed the init without touching global RNG
-            torch.manual_seed(seed)
+        with seeded(seed):
             self.q = QNetwork(flat_dim(obs_space.shape), self.n_actions, config.hidden_size,
-                              config.hidden_layers, config.dueling)
-        self.q.to(self.device)
+                              config.hidden_layers, config.dueling).to(self.device)
         self.q_target = copy.deepcopy(self.q).requires_grad_(False)
-        self.opt = torch.optim.Adam(self.q.parameters(), lr=config.lr)
-        self.buffer = ReplayBuffer(config.buffer_size, obs_space.shape or (), (), self.device,
-                                   action_dtype=torch.int64)
-        self._loop = ReplayLoop(self.buffer, seed, self.device)
-        logger.debug("DQN agent: obs %s, actions %s, %d envs, seed %d", obs_space.shape,
-                     act_space, config.num_envs, seed)
+        self.opt = adam(self.q.parameters(), lr=config.lr)
 
     # ---------------------------------------------------------------- acting
 
@@ -167,7 +141,7 @@ class DQNAgent:
     def _epsilon_greedy(self, obs: torch.Tensor, epsilon: float) -> torch.Tensor:
         greedy = self.q(obs).argmax(dim=-1)
         n = obs.shape[0]
-        gen = self._loop.explore_gen
+        gen = self.explore_gen
         explore = torch.rand(n, generator=gen, device=self.device) < epsilon
         random = torch.randint(0, self.n_actions, (n,), generator=gen, device=self.device)
         return torch.where(explore, random, greedy)
@@ -187,10 +161,7 @@ class DQNAgent:
 
     def explore(self, env: VecEnv, steps: int) -> dict[str, float]:
         """Collect ``steps`` epsilon-greedy transitions per copy into the buffer."""
-        metrics, self.env_steps = self._loop.collect(env, steps, self.env_steps,
-                                                     self._explore_action)
-        metrics["rollout/epsilon"] = self.epsilon()
-        return metrics
+        return {**super().explore(env, steps), "rollout/epsilon": self.epsilon()}
 
     # ---------------------------------------------------------------- learning
 
@@ -216,32 +187,13 @@ class DQNAgent:
         return {"losses/td": loss.detach(), "losses/q_mean": q.detach().mean(),
                 "losses/grad_norm": grad_norm.detach()}
 
-    def update(self, batch: Batch) -> dict[str, float]:
-        """One gradient step on ``batch`` (and a target update every interval)."""
-        return {k: float(v) for k, v in self._update(batch).items()}
-
-    def train_iteration(self, env: VecEnv) -> dict[str, float]:
-        """Explore ``steps_per_iter`` steps per copy, then ``updates_per_iter`` updates."""
-        metrics = self.explore(env, self.config.steps_per_iter)
-        metrics.update(self._loop.run_updates(self.config, self._update))
-        return metrics
-
     # ---------------------------------------------------------------- checkpoints
 
-    def _parts(self) -> dict[str, nn.Module | torch.Tensor]:
+    def _parts(self) -> Parts:
         return {"q": self.q, "q_target": self.q_target}
 
-    def state_dict(self) -> StateDict:
-        """Full training state (the buffer only with ``checkpoint_replay``)."""
-        return self._loop.save(self._parts(), {"opt": self.opt}, self.env_steps, self.updates,
-                               self.config.checkpoint_replay)
-
-    def load_state_dict(self, state: Mapping[str, torch.Tensor], keep_data: bool = False
-                        ) -> None:
-        """Restore ``state_dict`` output exactly; the next ``explore`` resets its env
-        (``keep_data``: the buffer and the env position stay, see ``ReplayLoop.load``)."""
-        self.env_steps, self.updates = self._loop.load(state, self._parts(), {"opt": self.opt},
-                                                       keep_data)
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.opt]
 
 
 def build(obs_space: gymnasium.spaces.Space[Any], act_space: gymnasium.spaces.Space[Any],

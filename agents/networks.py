@@ -1,5 +1,6 @@
 """Small building blocks shared by the algorithms: MLPs with orthogonal init, the twin
-Q critic of TD3 and SAC, and the gradient-step helpers of their updates.
+Q critic of TD3 and SAC, seeded construction, and the gradient-step and target helpers
+of their updates.
 
 Every network in Podracer is an MLP over a flat observation. ``mlp`` builds one with
 orthogonal weights (gain sqrt(2) for hidden layers, ``out_gain`` for the last layer:
@@ -12,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
@@ -75,6 +76,22 @@ class TwinQ(nn.Module):
         return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
 
 
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Within the block torch's global RNG is seeded with ``seed`` and restored after:
+    networks built in it are initialised reproducibly without touching the RNG that
+    other code in the process relies on."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def polyak(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """``target <- (1 - tau) * target + tau * source``, parameter by parameter."""
+    with torch.no_grad():
+        torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
+
+
 def gradient_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> None:
     """Backpropagate ``loss`` from cleared gradients and take one ``optimizer`` step."""
     optimizer.zero_grad(set_to_none=True)
@@ -134,52 +151,3 @@ class RunningMeanStd(nn.Module):
         """``(x - mean) / std`` clipped to ``[-clip, clip]``, in ``x``'s dtype."""
         mean, std = self.mean.to(x.dtype), (self.var + 1e-8).sqrt().to(x.dtype)
         return ((x - mean) / std).clamp(-self.clip, self.clip)
-
-
-# ------------------------------------------------------------ flat training state
-
-
-def adam_state_tensors(
-    optimizer: torch.optim.Optimizer, params: Mapping[str, nn.Parameter], prefix: str = "optim"
-) -> dict[str, torch.Tensor]:
-    """The live state tensors of an Adam-family ``optimizer``, named ``prefix.<param>.<key>``.
-
-    Adam creates its moments lazily on the first step; this creates them eagerly (zero
-    moments, step 0: Adam treats that exactly like a fresh start) so that a checkpoint
-    can be loaded into an optimizer that has not stepped yet.
-    """
-    out: dict[str, torch.Tensor] = {}
-    for name, param in params.items():
-        state = optimizer.state[param]
-        if not state:
-            state["step"] = torch.tensor(0.0)
-            state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor):
-                out[f"{prefix}.{name}.{key}"] = value
-    return out
-
-
-def copy_state(live: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor]) -> None:
-    """Copy ``state`` into the ``live`` tensors in place, all or nothing.
-
-    Raises ``ConfigError`` naming the first missing, unexpected or mis-shaped tensor
-    before anything is written.
-    """
-    missing = sorted(set(live) - set(state))
-    if missing:
-        raise ConfigError(f"state.{missing[0]}", f"missing {len(missing)} tensor(s)",
-                          "the checkpoint was made by another algorithm or network size")
-    extra = sorted(set(state) - set(live))
-    if extra:
-        raise ConfigError(f"state.{extra[0]}", f"unexpected {len(extra)} tensor(s)",
-                          "the checkpoint was made by another algorithm or network size")
-    for name, target in live.items():
-        if tuple(state[name].shape) != tuple(target.shape):
-            raise ConfigError(f"state.{name}",
-                              f"shape {tuple(state[name].shape)} != expected {tuple(target.shape)}",
-                              "match the hidden sizes and env spaces of the checkpoint")
-    with torch.no_grad():
-        for name, target in live.items():
-            target.copy_(state[name])

@@ -1,47 +1,46 @@
-"""What the replay-based agents (DQN, DDPG, TD3, SAC) share besides the buffer itself.
+"""The base of the replay-based agents (DQN, DDPG, TD3, SAC): everything but the math.
 
-* ``OffPolicyConfig``: the explore-then-replay fields every off-policy config starts
-  with; each algorithm's config extends it one level (re-declaring a field only to
-  change its default, which keeps the field order and so the hparams order).
-* ``BoxActions``: a continuous action space seen by a tanh policy, whose actions live
-  in [-1, 1] (the scale stored in the buffer) and reach the env's box only when
-  stepping it.
-* ``ReplayLoop``: an agent's buffer, its two RNG streams and where its exploration
-  stands in the env; collects transitions, runs the replay updates of one training
-  iteration, and saves or restores them with the agent's networks. Agents hold one
-  (composition): the algorithm's math stays in its own module.
+``OffPolicyAgent`` owns the replay buffer, the two RNG streams, the counters, the
+exploration loop and the checkpoint; an algorithm subclasses it once (no deeper chain)
+and gives, in its own module read top to bottom:
+
+* its networks and Adam optimizers (``agents.state.adam``), built in ``__init__``
+  after ``super().__init__``;
+* ``act`` (evaluation), ``_explore_action`` (what to store and what to step the env
+  with), ``_update`` (one gradient step on a minibatch, metrics as tensors);
+* ``_parts`` and ``_optimizers``: what its checkpoint holds (``agents/state.py``).
+
+``OffPolicyConfig`` holds the fields every off-policy config starts with; ``BoxActions``
+maps a tanh policy's [-1, 1] actions (the scale stored in the buffer) onto the env's box.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
-from collections.abc import Callable, Mapping
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gymnasium
 import torch
 
+from agents.checks import check_nonnegative, check_sizes, check_unit
 from agents.networks import flat_dim
-from agents.replay import (
-    Batch,
-    Parts,
-    ReplayBuffer,
-    StateDict,
-    load_training_state,
-    save_training_state,
-    seeded_generator,
-    store_step,
-)
+from agents.replay import Batch, ReplayBuffer, store_step
+from agents.state import Parts, StateDict, live_tensors, load_state, save_state
 from broker.core.errors import ConfigError
 from envs.base import VecEnv
 
-ExplorePolicy = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
-"""``(obs, env_steps) -> (action to store, action to step the env with)``."""
+log = logging.getLogger(__name__)
+
+COUNTERS = ("counters.env_steps", "counters.updates")
 
 
 @dataclasses.dataclass(frozen=True)
 class OffPolicyConfig:
-    """Fields shared by the off-policy configs; not used on its own (no validation)."""
+    """Fields shared by the off-policy configs; each algorithm's config extends it one
+    level (re-declaring a field only to change its default)."""
 
     num_envs: int = 64
     """Parallel env copies explored in one batch."""
@@ -60,6 +59,18 @@ class OffPolicyConfig:
     uniformly at random until then)."""
     gamma: float = 0.99
     """Discount factor."""
+    hidden_size: int = 128
+    """Width of every hidden layer of every network."""
+    hidden_layers: int = 2
+    """Number of hidden layers."""
+    checkpoint_replay: bool = False
+    """Put the replay buffer in state_dict (big checkpoints, but exact resumption);
+    without it a restored agent refills its buffer before updating again."""
+
+    def __post_init__(self) -> None:
+        check_sizes(self)
+        check_unit(self, "gamma")
+        check_nonnegative(self, "learning_starts")
 
 
 class BoxActions:
@@ -84,7 +95,7 @@ class BoxActions:
     def explore(self, obs: torch.Tensor, policy: Callable[[torch.Tensor], torch.Tensor],
                 warm: bool, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """``policy(obs)`` once ``warm``, before that actions drawn uniformly from [-1, 1]
-        with ``generator``; each with its env-scale version (an ``ExplorePolicy`` result)."""
+        with ``generator``; each with its env-scale version (``_explore_action``'s pair)."""
         if warm:
             action = policy(obs)
         else:
@@ -93,26 +104,69 @@ class BoxActions:
         return action, self.to_env(action)
 
 
-class ReplayLoop:
-    """An off-policy agent's replay buffer, RNG streams and place in its env.
+def seeded_generator(seed: int, device: torch.device) -> torch.Generator:
+    """A ``torch.Generator`` on ``device`` seeded with ``seed``."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    return gen
+
+
+class OffPolicyAgent(abc.ABC):
+    """Replay buffer, exploration loop, counters and checkpoint of an off-policy agent.
 
     ``explore_gen`` (seeded ``seed + 1``) drives env reset seeds and exploration noise;
     ``sample_gen`` (``seed + 2``) draws minibatches and any noise of the update itself.
+    ``env_steps`` counts the env transitions this agent collected, ``updates`` its
+    gradient steps (TD3's delay and DQN's target refresh read it).
     """
 
-    def __init__(self, buffer: ReplayBuffer, seed: int, device: torch.device) -> None:
-        self.buffer = buffer
-        self.device = device
-        self.explore_gen = seeded_generator(seed + 1, device)
-        self.sample_gen = seeded_generator(seed + 2, device)
+    config: OffPolicyConfig
+
+    def __init__(self, config: OffPolicyConfig, obs_space: gymnasium.spaces.Space[Any],
+                 action_shape: Sequence[int], device: torch.device, seed: int,
+                 action_dtype: torch.dtype = torch.float32) -> None:
+        self.config = config
+        self.device = torch.device(device)
+        self.env_steps = 0
+        self.updates = 0
+        self.buffer = ReplayBuffer(config.buffer_size, obs_space.shape or (), action_shape,
+                                   self.device, action_dtype=action_dtype)
+        self.explore_gen = seeded_generator(seed + 1, self.device)
+        self.sample_gen = seeded_generator(seed + 2, self.device)
+        # where exploration stands; not training state (a new env starts from a reset)
         self._env: VecEnv | None = None
         self._obs: torch.Tensor | None = None
+        log.debug("%s: obs %s, actions %s, %d envs, seed %d", type(self).__name__,
+                  obs_space.shape, tuple(action_shape), config.num_envs, seed)
+
+    # ------------------------------------------------------- what an algorithm gives
+
+    @abc.abstractmethod
+    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
+        """Env actions for a batch of observations."""
+
+    @abc.abstractmethod
+    def _explore_action(self, obs: torch.Tensor, env_steps: int
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(action to store, action to step the env with)`` while exploring."""
+
+    @abc.abstractmethod
+    def _update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """One gradient step on ``batch`` (counting ``updates``); metrics as tensors."""
+
+    @abc.abstractmethod
+    def _parts(self) -> Parts:
+        """The networks and lone tensors of the checkpoint, by state name."""
+
+    @abc.abstractmethod
+    def _optimizers(self) -> Sequence[torch.optim.Optimizer]:
+        """The optimizers whose state the checkpoint holds (made with ``state.adam``)."""
+
+    # ------------------------------------------------------------------ exploring
 
     @torch.no_grad()
-    def collect(self, env: VecEnv, steps: int, env_steps: int, policy: ExplorePolicy
-                ) -> tuple[dict[str, float], int]:
-        """Step ``env`` ``steps`` times with ``policy``, storing every transition; return
-        the rollout metrics and the advanced ``env_steps``."""
+    def explore(self, env: VecEnv, steps: int) -> dict[str, float]:
+        """Step ``env`` ``steps`` times with ``_explore_action``, storing every transition."""
         if env is not self._env or self._obs is None:
             # a new env (or a restored agent) starts from a reset seeded by the agent's RNG
             seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self.explore_gen,
@@ -124,53 +178,99 @@ class ReplayLoop:
         reward_sum = torch.zeros((), device=self.device)
         ended_sum = torch.zeros((), dtype=torch.int64, device=self.device)
         for _ in range(steps):
-            action, env_action = policy(obs, env_steps)
+            action, env_action = self._explore_action(obs, self.env_steps)
             next_obs, reward, ended = store_step(env, self.buffer, obs, action, env_action)
             obs = next_obs.to(self.device, torch.float32)
-            env_steps += obs.shape[0]
+            self.env_steps += obs.shape[0]
             reward_sum += reward.sum()
             ended_sum += ended.sum()
         self._obs = obs
-        return ({"rollout/reward_mean": float(reward_sum) / max(1, steps * obs.shape[0]),
-                 "rollout/episodes_ended": float(ended_sum)}, env_steps)
+        return {"rollout/reward_mean": float(reward_sum) / max(1, steps * obs.shape[0]),
+                "rollout/episodes_ended": float(ended_sum)}
 
-    def run_updates(self, config: OffPolicyConfig,
-                    update: Callable[[Batch], dict[str, torch.Tensor]]) -> dict[str, float]:
-        """``updates_per_iter`` calls of ``update`` on fresh minibatches, once the buffer
-        holds ``max(batch_size, learning_starts)``; each metric is averaged over the calls
-        that reported it (TD3 reports its actor loss only every ``policy_delay``)."""
-        if len(self.buffer) < max(config.batch_size, config.learning_starts):
-            return {}
+    def add_transitions(self, obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor,
+                        next_obs: torch.Tensor, terminated: torch.Tensor) -> None:
+        """Add ``N`` transitions collected elsewhere (another agent, a shared pool).
+
+        Batched tensors with leading dim ``N``: ``obs`` and ``next_obs`` shaped like the
+        env's observations (``next_obs`` the true successor, also where an episode
+        ended), ``action`` in the scale this agent stores (the policy's [-1, 1] for a Box,
+        the 0-based class index for DQN), ``reward`` and ``terminated`` (bool; False for
+        a time-limit truncation) of shape ``[N]``. They are copied to the agent's device;
+        ``env_steps`` does not change (the agent did not step an env). ``ConfigError``
+        names a tensor of the wrong shape or dtype.
+        """
+        n = obs.shape[0] if obs.dim() > 0 else -1
+        buf = self.buffer
+        want = {"obs": (obs, buf.obs), "action": (action, buf.action),
+                "reward": (reward, buf.reward), "next_obs": (next_obs, buf.next_obs),
+                "terminated": (terminated, buf.done)}
+        for name, (value, store) in want.items():
+            shape = (n, *store.shape[1:])
+            if tuple(value.shape) != shape:
+                raise ConfigError(name, f"shape {tuple(value.shape)}, expected {shape}",
+                                  "pass N transitions batched along the first dimension")
+            kind = torch.bool if name == "terminated" else store.dtype
+            if value.dtype != kind and not (value.is_floating_point() and kind.is_floating_point):
+                raise ConfigError(name, f"dtype {value.dtype}, expected {kind}",
+                                  f"convert {name} with .to({kind})")
+        buf.add(*(value.to(self.device) for value, _ in want.values()))
+
+    # ------------------------------------------------------------------- learning
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """One gradient step of the algorithm on ``batch``."""
+        return {k: float(v) for k, v in self._update(batch).items()}
+
+    def train_iteration(self, env: VecEnv) -> dict[str, float]:
+        """Explore ``steps_per_iter`` steps per copy, then ``updates_per_iter`` updates on
+        fresh minibatches once the buffer holds ``max(batch_size, learning_starts)``;
+        each metric is averaged over the updates that reported it (TD3 reports its actor
+        loss only every ``policy_delay``)."""
+        cfg = self.config
+        metrics = self.explore(env, cfg.steps_per_iter)
+        if len(self.buffer) < max(cfg.batch_size, cfg.learning_starts):
+            return metrics
         sums: dict[str, torch.Tensor] = {}
         counts: dict[str, int] = {}
-        for _ in range(config.updates_per_iter):
-            for key, value in update(self.buffer.sample(config.batch_size,
-                                                        self.sample_gen)).items():
+        for _ in range(cfg.updates_per_iter):
+            batch = self.buffer.sample(cfg.batch_size, self.sample_gen)
+            for key, value in self._update(batch).items():
                 sums[key] = sums.get(key, 0.0) + value
                 counts[key] = counts.get(key, 0) + 1
-        return {k: float(v) / counts[k] for k, v in sums.items()}
+        metrics.update({k: float(v) / counts[k] for k, v in sums.items()})
+        return metrics
 
     # ---------------------------------------------------------------- checkpoints
 
     def _generators(self) -> dict[str, torch.Generator]:
-        return {"explore": self.explore_gen, "sample": self.sample_gen}
+        return {"rng.explore": self.explore_gen, "rng.sample": self.sample_gen}
 
-    def save(self, parts: Parts, optimizers: Mapping[str, torch.optim.Optimizer],
-             env_steps: int, updates: int, with_buffer: bool) -> StateDict:
-        """The agent's full training state: ``parts``, ``optimizers``, both RNG states,
-        the counters and, ``with_buffer``, the replay buffer."""
-        return save_training_state(parts, optimizers, self._generators(),
-                                   {"env_steps": env_steps, "updates": updates},
-                                   self.buffer if with_buffer else None)
+    def state_dict(self) -> StateDict:
+        """Networks, Adam state by parameter, both RNG states, the counters and (with
+        ``checkpoint_replay``, once it holds rows) the replay buffer; all copies."""
+        state = save_state(live_tensors(self._parts(), self._optimizers()), self._generators(),
+                           dict(zip(COUNTERS, (self.env_steps, self.updates), strict=True)))
+        if self.config.checkpoint_replay and len(self.buffer) > 0:
+            state.update(self.buffer.state_dict())
+        return state
 
-    def load(self, state: Mapping[str, torch.Tensor], parts: Parts,
-             optimizers: Mapping[str, torch.optim.Optimizer], keep_data: bool = False
-             ) -> tuple[int, int]:
-        """Restore what ``save`` wrote; return ``(env_steps, updates)``. Unless
-        ``keep_data``, the buffer is emptied if ``state`` carries none and the next
-        ``collect`` resets its env; with it (learner fusion, every iteration) both stay."""
-        counters = load_training_state(state, parts, optimizers, self._generators(),
-                                       ("env_steps", "updates"), self.buffer, keep_data)
-        if not keep_data:
-            self._env, self._obs = None, None
-        return counters["env_steps"], counters["updates"]
+    def load_state_dict(self, state: Mapping[str, torch.Tensor], keep_data: bool = False
+                        ) -> None:
+        """Restore ``state_dict`` output exactly (copying, never aliasing ``state``);
+        ``ConfigError`` names a missing, unexpected or mis-shaped tensor.
+
+        The buffer is restored from ``replay.*`` if ``state`` has rows, else emptied, and
+        the next ``explore`` resets its env. ``keep_data`` (learner fusion, after every
+        iteration) leaves the buffer and the place in the env as they are.
+        """
+        counters = load_state(state, live_tensors(self._parts(), self._optimizers()),
+                              self._generators(), COUNTERS, data=("replay.",))
+        self.env_steps, self.updates = counters[COUNTERS[0]], counters[COUNTERS[1]]
+        if keep_data:
+            return
+        if "replay.obs" in state:
+            self.buffer.load_state_dict(state)
+        else:
+            self.buffer.clear()
+        self._env, self._obs = None, None

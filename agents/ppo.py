@@ -28,18 +28,18 @@ import gymnasium
 import torch
 from torch import nn
 
-from agents.base import AlgorithmSpec, SearchDim, check_sizes
+from agents.base import AlgorithmSpec, SearchDim
+from agents.checks import check_nonnegative, check_positive, check_sizes, check_unit
 from agents.hterm import DEFAULT_WEIGHT, HTermMemory, action_dims, hterm_loss
-from agents.networks import RunningMeanStd, adam_state_tensors, copy_state, flat_dim, mlp
+from agents.networks import RunningMeanStd, flat_dim, mlp, seeded
 from agents.rollout import Rollout, finished_returns, gae
+from agents.state import Parts, adam, live_tensors, load_state, save_state
 from broker.core.errors import ConfigError
 from envs.base import VecEnv
 
 log = logging.getLogger(__name__)
 
 LOG_2PI = math.log(2.0 * math.pi)
-MAX_ROLLOUT_SAMPLES = 2**22
-"""Cap on ``num_envs * rollout_steps``: the rollout is preallocated as ``[T, N, ...]``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,22 +103,9 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         check_sizes(self)
-        samples = self.num_envs * self.rollout_steps
-        if samples > MAX_ROLLOUT_SAMPLES:
-            raise ConfigError("hparams.rollout_steps",
-                              f"num_envs * rollout_steps = {samples} exceeds "
-                              f"{MAX_ROLLOUT_SAMPLES} samples per rollout",
-                              "lower rollout_steps or num_envs")
-        for name in ("lr", "clip_coef", "max_grad_norm", "reward_scale"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"hparams.{name}", f"must be > 0, got {getattr(self, name)}")
-        if not self.hterm_weight >= 0:
-            raise ConfigError("hparams.hterm_weight", f"must be >= 0, got {self.hterm_weight}",
-                              "set a non-negative weight, or hterm = false")
-        for name in ("gamma", "gae_lambda"):
-            value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
-                raise ConfigError(f"hparams.{name}", f"must be in [0, 1], got {value}")
+        check_positive(self, "lr", "clip_coef", "max_grad_norm", "reward_scale")
+        check_nonnegative(self, "hterm_weight")
+        check_unit(self, "gamma", "gae_lambda")
         if self.num_envs * self.rollout_steps < self.num_minibatches:
             raise ConfigError("hparams.num_minibatches", "more minibatches than samples",
                               "lower num_minibatches or raise num_envs * rollout_steps")
@@ -127,14 +114,9 @@ class PPOConfig:
 class PPOAgent:
     """A PPO learner satisfying ``agents.base.Agent``."""
 
-    def __init__(
-        self,
-        obs_space: gymnasium.spaces.Space[Any],
-        action_space: gymnasium.spaces.Space[Any],
-        config: PPOConfig,
-        device: torch.device,
-        seed: int,
-    ) -> None:
+    def __init__(self, obs_space: gymnasium.spaces.Space[Any],
+                 action_space: gymnasium.spaces.Space[Any], config: PPOConfig,
+                 device: torch.device, seed: int) -> None:
         self.config = config
         self.device = device
         self.env_steps = 0
@@ -142,8 +124,7 @@ class PPOAgent:
         self._obs_shape = obs_shape = tuple(obs_space.shape or ())
         self._action_shape: tuple[int, ...] = ()
         self._discrete = isinstance(action_space, gymnasium.spaces.Discrete)
-        if self._discrete:
-            assert isinstance(action_space, gymnasium.spaces.Discrete)
+        if isinstance(action_space, gymnasium.spaces.Discrete):
             n_out = int(action_space.n)
         elif isinstance(action_space, gymnasium.spaces.Box):
             n_out, self._action_shape = flat_dim(action_space.shape), tuple(action_space.shape)
@@ -162,22 +143,16 @@ class PPOAgent:
         self._raw_shape: tuple[int, ...] = () if self._discrete else (n_out,)
         hidden = [config.hidden_size] * config.hidden_layers
         n_in = flat_dim(obs_shape)
-        with torch.random.fork_rng(devices=[]):
-            # seeded init without touching the process-wide RNG other code relies on
-            torch.manual_seed(seed)
+        with seeded(seed):
             self.actor = mlp([n_in, *hidden, n_out], out_gain=0.01).to(device)
             self.critic = mlp([n_in, *hidden, 1], out_gain=1.0).to(device)
         # unused (and frozen) for discrete actions; kept so every PPO state has one layout
         self.log_std = nn.Parameter(torch.full((n_out,), config.init_log_std, device=device),
                                     requires_grad=not self._discrete)
         self.obs_rms = RunningMeanStd(obs_shape).to(device)
-        self._params = {
-            **{f"actor.{k}": p for k, p in self.actor.named_parameters()},
-            "actor.log_std": self.log_std,
-            **{f"critic.{k}": p for k, p in self.critic.named_parameters()},
-        }
-        trainable = [p for p in self._params.values() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(trainable, lr=config.lr, eps=1e-5)
+        trainable = [*self.actor.parameters(), *([] if self._discrete else [self.log_std]),
+                     *self.critic.parameters()]
+        self.optimizer = adam(trainable, lr=config.lr, eps=1e-5)
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
         # the H-term's memory of good transitions (raw observations: the normaliser moves)
@@ -375,22 +350,17 @@ class PPOAgent:
     # ------------------------------------------------------------------ state
 
     def _live_tensors(self) -> dict[str, torch.Tensor]:
-        return {
-            **{name: p.data for name, p in self._params.items()},
-            **{f"obs_rms.{k}": b for k, b in self.obs_rms.named_buffers()},
-            **adam_state_tensors(self.optimizer,
-                                 {k: p for k, p in self._params.items() if p.requires_grad}),
-        }
+        parts: Parts = {"actor": self.actor, "actor.log_std": self.log_std,
+                        "critic": self.critic, "obs_rms": self.obs_rms}
+        return live_tensors(parts, [self.optimizer])
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Networks, Adam moments and steps, obs statistics, counters and the RNG state."""
-        state = {k: v.detach().clone() for k, v in self._live_tensors().items()}
-        state["counters.env_steps"] = torch.tensor(self.env_steps, dtype=torch.int64)
-        state["counters.iterations"] = torch.tensor(self.iterations, dtype=torch.int64)
-        state["rng"] = self.generator.get_state()
+        """Networks, Adam state, obs statistics, counters, the RNG state and the H-term's
+        memory once it holds rows (the layout of ``agents/state.py``)."""
+        state = save_state(self._live_tensors(), {"rng": self.generator},
+                           {"counters.env_steps": self.env_steps,
+                            "counters.iterations": self.iterations})
         if self._hterm is not None and len(self._hterm) > 0:
-            # only when it holds rows: a fresh agent's state has the layout of a checkpoint
-            # without them, which is what the updater's shape check compares against
             state.update(self._hterm.state_dict())
         return state
 
@@ -402,34 +372,18 @@ class PPOAgent:
         checkpoint explores on its own seed). The only data PPO keeps across iterations is
         the H-term's memory (``hterm.*``, with ``hterm`` on): restored from ``state``
         unless ``keep_data``; a checkpoint without it leaves the memory empty."""
-        counters = ("counters.env_steps", "counters.iterations")
-        for name in counters:
-            if name not in state:
-                raise ConfigError(f"state.{name}", "missing", "pass a full PPO checkpoint")
-        rng = state.get("rng")
-        if rng is not None and (rng.dtype != torch.uint8
-                                or rng.shape != self.generator.get_state().shape):
-            raise ConfigError("state.rng", f"not a generator state ({rng.dtype}, "
-                              f"{tuple(rng.shape)})", "pass a full PPO checkpoint")
-        copy_state(self._live_tensors(),
-                   {k: v for k, v in state.items()
-                    if k not in (*counters, "rng") and not k.startswith(HTermMemory.PREFIX)})
+        counters = load_state(state, self._live_tensors(), {"rng": self.generator},
+                              ("counters.env_steps", "counters.iterations"),
+                              data=(HTermMemory.PREFIX,))
         if self._hterm is not None and not keep_data:
             self._hterm.load_state_dict(state)
-        self.env_steps = int(state["counters.env_steps"])
-        self.iterations = int(state["counters.iterations"])
+        self.env_steps = counters["counters.env_steps"]
+        self.iterations = counters["counters.iterations"]
         self._norm_cache = None
-        if rng is not None:
-            self.generator.set_state(rng.cpu())
 
 
-def build(
-    obs_space: gymnasium.spaces.Space[Any],
-    action_space: gymnasium.spaces.Space[Any],
-    config: Any,
-    device: torch.device,
-    seed: int,
-) -> PPOAgent:
+def build(obs_space: gymnasium.spaces.Space[Any], action_space: gymnasium.spaces.Space[Any],
+          config: Any, device: torch.device, seed: int) -> PPOAgent:
     """The ``AgentFactory`` of PPO."""
     if not isinstance(config, PPOConfig):
         raise ConfigError("config", f"expected PPOConfig, got {type(config).__name__}")

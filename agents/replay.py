@@ -1,4 +1,4 @@
-"""Replay buffer of the off-policy agents, and the plumbing they share.
+"""Replay buffer of the off-policy agents and how an env step fills it.
 
 * ``ReplayBuffer``: a ring buffer of preallocated, contiguous tensors on the agent's
   device; inserts a whole batch of N env transitions per step and samples with an
@@ -7,10 +7,6 @@
   rules of the env contract (done mask = ``terminated`` only; on an episode end the
   stored next observation is ``info["final_obs"]``, because SAME_STEP autoreset has
   already put the reset observation in ``obs``).
-* ``save_training_state`` / ``load_training_state``: the full training state
-  (networks, targets, optimizer moments and step counts, RNG states, counters,
-  optionally the buffer) as one flat map of tensors, restored exactly; a missing key
-  or a shape mismatch raises ``ConfigError`` naming the tensor.
 """
 
 from __future__ import annotations
@@ -21,12 +17,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from torch import nn
 
+from agents.state import StateDict
 from broker.core.errors import ConfigError
 from envs.base import VecEnv
-
-StateDict = dict[str, torch.Tensor]
 
 MAX_REPLAY_BYTES = 8 * 2**30
 """Default cap on a replay buffer's preallocated memory (obs, next obs, action, reward,
@@ -171,105 +165,6 @@ def store_step(
     return next_obs, reward, ended
 
 
-# ------------------------------------------------------------------ training state
-
-Parts = Mapping[str, nn.Module | torch.Tensor]
-
-
-def save_training_state(
-    parts: Parts,
-    optimizers: Mapping[str, torch.optim.Optimizer],
-    generators: Mapping[str, torch.Generator],
-    counters: Mapping[str, int],
-    buffer: ReplayBuffer | None = None,
-) -> StateDict:
-    """One flat map of copied tensors: ``<part>.<param>``, ``<opt>.<i>.<key>``,
-    ``rng.<name>``, ``counters.<name>`` and (if given) ``replay.*``."""
-    out: StateDict = {}
-    for name, part in parts.items():
-        if isinstance(part, torch.Tensor):
-            out[name] = part.detach().clone()
-        else:
-            out.update({f"{name}.{k}": v.detach().clone() for k, v in part.state_dict().items()})
-    for name, opt in optimizers.items():
-        for index, slots in opt.state_dict()["state"].items():
-            for key, value in slots.items():
-                tensor = value if isinstance(value, torch.Tensor) else torch.tensor(value)
-                out[f"{name}.{index}.{key}"] = tensor.detach().clone()
-    for name, gen in generators.items():
-        out[f"rng.{name}"] = gen.get_state()
-    for name, value in counters.items():
-        out[f"counters.{name}"] = torch.tensor(value, dtype=torch.int64)
-    if buffer is not None:
-        out.update(buffer.state_dict())
-    return out
-
-
-def load_training_state(
-    state: Mapping[str, torch.Tensor],
-    parts: Parts,
-    optimizers: Mapping[str, torch.optim.Optimizer],
-    generators: Mapping[str, torch.Generator],
-    counters: Sequence[str],
-    buffer: ReplayBuffer | None = None,
-    keep_buffer: bool = False,
-) -> dict[str, int]:
-    """Restore what ``save_training_state`` wrote (copying, never aliasing ``state``);
-    return the counters. A given buffer is restored from ``state``; if the checkpoint
-    carries none it is emptied, or left as it is with ``keep_buffer``. A generator whose
-    ``rng.<name>`` is absent keeps its stream: a child of a checkpoint drops its parent's
-    RNG states so that siblings explore differently (see ``agents.build.build_agent``).
-
-    Optimizer hyperparameters (learning rates) come from the current config, not the
-    checkpoint, so a mutated config takes effect on the restored moments.
-    """
-    for name, part in parts.items():
-        if isinstance(part, torch.Tensor):
-            _copy_into(name, part, state)
-        else:
-            for key, target in part.state_dict().items():
-                _copy_into(f"{name}.{key}", target, state)
-    for name, opt in optimizers.items():
-        _load_optimizer(name, opt, state)
-    for name, gen in generators.items():
-        if f"rng.{name}" in state:
-            gen.set_state(state[f"rng.{name}"].to(torch.uint8).cpu())
-    if buffer is not None:
-        if "replay.obs" in state:
-            buffer.load_state_dict(state)
-        elif not keep_buffer:
-            buffer.clear()
-    return {name: int(_get(state, f"counters.{name}")) for name in counters}
-
-
-def _load_optimizer(name: str, opt: torch.optim.Optimizer, state: Mapping[str, torch.Tensor]
-                    ) -> None:
-    params = [p for group in opt.param_groups for p in group["params"]]
-    slots: dict[int, dict[str, torch.Tensor]] = {}
-    prefix = name + "."
-    for key, value in state.items():
-        if not key.startswith(prefix):
-            continue
-        index_text, _, slot = key[len(prefix):].partition(".")
-        if not index_text.isdigit() or int(index_text) >= len(params):
-            raise ConfigError(f"state.{key}", f"no parameter #{index_text} in optimizer {name}",
-                              "send a state produced by the same algorithm and network sizes")
-        index = int(index_text)
-        if value.dim() > 0:  # moments must match their parameter; step counts are scalars
-            _check_shape(key, value.shape, params[index].shape)
-        slots.setdefault(index, {})[slot] = value.detach().clone()
-    # a fresh optimizer (no step taken yet) saves no slots: loading none resets it
-    loaded = opt.state_dict()
-    opt.load_state_dict({"state": slots, "param_groups": loaded["param_groups"]})
-
-
-def _copy_into(key: str, target: torch.Tensor, state: Mapping[str, torch.Tensor]) -> None:
-    value = _get(state, key)
-    _check_shape(key, value.shape, target.shape)
-    with torch.no_grad():
-        target.copy_(value)
-
-
 def _get(state: Mapping[str, torch.Tensor], key: str) -> torch.Tensor:
     try:
         return state[key]
@@ -282,42 +177,3 @@ def _check_shape(key: str, got: Sequence[int], want: Sequence[int]) -> None:
     if tuple(got) != tuple(want):
         raise ConfigError(f"state.{key}", f"shape {tuple(got)} does not match {tuple(want)}",
                           "send a state built with the same network sizes and spaces")
-
-
-def polyak(target: nn.Module, source: nn.Module, tau: float) -> None:
-    """``target <- (1 - tau) * target + tau * source``, parameter by parameter."""
-    with torch.no_grad():
-        torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
-
-
-def seeded_generator(seed: int, device: torch.device) -> torch.Generator:
-    """A ``torch.Generator`` on ``device`` seeded with ``seed``."""
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-    return gen
-
-
-def check_positive(config: Any, *names: str) -> None:
-    """``ConfigError`` naming the first of ``names`` whose value on ``config`` is not > 0."""
-    for name in names:
-        value = getattr(config, name)
-        if not value > 0:
-            raise ConfigError(f"hparams.{name}", f"must be > 0, got {value!r}",
-                              f"set {name} to a positive value")
-
-
-def check_unit(config: Any, *names: str) -> None:
-    """``ConfigError`` naming the first of ``names`` whose value is outside ``[0, 1]``."""
-    for name in names:
-        value = getattr(config, name)
-        if not 0.0 <= value <= 1.0:
-            raise ConfigError(f"hparams.{name}", f"must be within [0, 1], got {value!r}",
-                              "pick a fraction")
-
-
-def check_nonnegative(config: Any, *names: str) -> None:
-    """``ConfigError`` naming the first of ``names`` whose value on ``config`` is below 0."""
-    for name in names:
-        value = getattr(config, name)
-        if value < 0:
-            raise ConfigError(f"hparams.{name}", f"must be >= 0, got {value}")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import logging
 import math
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -30,22 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agents.base import AlgorithmSpec, SearchDim, check_sizes
+from agents.base import AlgorithmSpec, SearchDim
+from agents.checks import check_nonnegative, check_positive, check_unit
 from agents.hterm import DEFAULT_WEIGHT, above_average, hterm_loss
-from agents.networks import TwinQ, flat_dim, frozen, gradient_step, mlp
-from agents.offpolicy import BoxActions, OffPolicyConfig, ReplayLoop
-from agents.replay import (
-    Batch,
-    ReplayBuffer,
-    StateDict,
-    check_nonnegative,
-    check_positive,
-    check_unit,
-    polyak,
-)
-from envs.base import VecEnv
-
-logger = logging.getLogger(__name__)
+from agents.networks import TwinQ, flat_dim, frozen, gradient_step, mlp, polyak, seeded
+from agents.offpolicy import BoxActions, OffPolicyAgent, OffPolicyConfig
+from agents.replay import Batch
+from agents.state import Parts, adam
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
@@ -79,12 +69,6 @@ class SACConfig(OffPolicyConfig):
     """Tune alpha towards the target entropy; if False alpha stays at init_alpha."""
     target_entropy_scale: float = 1.0
     """Target entropy is -target_entropy_scale * action dimensions."""
-    hidden_size: int = 128
-    """Width of every hidden layer (actor and critics)."""
-    hidden_layers: int = 2
-    """Number of hidden layers."""
-    checkpoint_replay: bool = False
-    """Put the replay buffer in state_dict (big checkpoints, but exact resumption)."""
     hterm: bool = False
     """Add the H-term (``agents/hterm.py``) to the actor's loss: raise the probability of
     replayed actions whose ``Q(s, a)`` beats their minibatch's mean. Off by default."""
@@ -92,10 +76,10 @@ class SACConfig(OffPolicyConfig):
     """Weight of the H-term in the actor's loss (read only with ``hterm``)."""
 
     def __post_init__(self) -> None:
-        check_sizes(self)
+        super().__post_init__()
         check_positive(self, "tau", "actor_lr", "critic_lr", "alpha_lr", "init_alpha")
-        check_unit(self, "gamma", "tau")
-        check_nonnegative(self, "learning_starts", "hterm_weight")
+        check_unit(self, "tau")
+        check_nonnegative(self, "hterm_weight")
 
 
 class Actor(nn.Module):
@@ -132,20 +116,19 @@ class Actor(nn.Module):
         return (-0.5 * z.square() - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
 
 
-class SACAgent:
+class SACAgent(OffPolicyAgent):
     """SAC with twin critics and automatic entropy tuning; satisfies ``agents.base.Agent``."""
+
+    config: SACConfig
 
     def __init__(self, obs_space: gymnasium.spaces.Space[Any],
                  act_space: gymnasium.spaces.Space[Any], config: SACConfig, device: torch.device,
                  seed: int) -> None:
-        self.config = config
-        self.device = torch.device(device)
-        self.env_steps = 0
-        self.updates = 0
-        self._box = BoxActions(act_space, "SAC", self.device)
-        obs_dim, act_dim = flat_dim(obs_space.shape), self._box.dim
-        with torch.random.fork_rng(devices=[]):  # seed the init without touching global RNG
-            torch.manual_seed(seed)
+        box = BoxActions(act_space, "SAC", torch.device(device))
+        super().__init__(config, obs_space, (box.dim,), device, seed)
+        self._box = box
+        obs_dim, act_dim = flat_dim(obs_space.shape), box.dim
+        with seeded(seed):
             self.actor = Actor(obs_dim, act_dim, config.hidden_size, config.hidden_layers)
             self.critic = TwinQ(obs_dim, act_dim, config.hidden_size, config.hidden_layers)
         self.actor.to(self.device)
@@ -154,14 +137,9 @@ class SACAgent:
         self.log_alpha = torch.tensor(math.log(config.init_alpha), device=self.device,
                                       requires_grad=True)
         self.target_entropy = -config.target_entropy_scale * act_dim
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=config.actor_lr)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=config.critic_lr)
-        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=config.alpha_lr)
-        self.buffer = ReplayBuffer(config.buffer_size, obs_space.shape or (), (act_dim,),
-                                   self.device)
-        self._loop = ReplayLoop(self.buffer, seed, self.device)
-        logger.debug("SAC agent: obs %s, actions %s, %d envs, seed %d", obs_space.shape,
-                     act_space, config.num_envs, seed)
+        self.actor_opt = adam(self.actor.parameters(), lr=config.actor_lr)
+        self.critic_opt = adam(self.critic.parameters(), lr=config.critic_lr)
+        self.alpha_opt = adam([self.log_alpha], lr=config.alpha_lr)
 
     # ---------------------------------------------------------------- acting
 
@@ -174,18 +152,12 @@ class SACAgent:
         return self._box.to_env(self._sample(obs))
 
     def _sample(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.actor.sample(obs, self._loop.explore_gen)[0]
+        return self.actor.sample(obs, self.explore_gen)[0]
 
     def _explore_action(self, obs: torch.Tensor, env_steps: int
                         ) -> tuple[torch.Tensor, torch.Tensor]:
         warm = env_steps >= self.config.learning_starts
-        return self._box.explore(obs, self._sample, warm, self._loop.explore_gen)
-
-    def explore(self, env: VecEnv, steps: int) -> dict[str, float]:
-        """Collect ``steps`` transitions per copy into the buffer (random until warm)."""
-        metrics, self.env_steps = self._loop.collect(env, steps, self.env_steps,
-                                                     self._explore_action)
-        return metrics
+        return self._box.explore(obs, self._sample, warm, self.explore_gen)
 
     # ---------------------------------------------------------------- learning
 
@@ -193,7 +165,7 @@ class SACAgent:
         cfg = self.config
         alpha = self.log_alpha.detach().exp()
         with torch.no_grad():
-            next_action, next_log_prob = self.actor.sample(batch.next_obs, self._loop.sample_gen)
+            next_action, next_log_prob = self.actor.sample(batch.next_obs, self.sample_gen)
             q1_next, q2_next = self.critic_target(batch.next_obs, next_action)
             soft_value = torch.min(q1_next, q2_next) - alpha * next_log_prob
             target = batch.reward + cfg.gamma * (1.0 - batch.done) * soft_value
@@ -202,7 +174,7 @@ class SACAgent:
         gradient_step(self.critic_opt, critic_loss)
 
         with frozen(self.critic):
-            action, log_prob = self.actor.sample(batch.obs, self._loop.sample_gen)
+            action, log_prob = self.actor.sample(batch.obs, self.sample_gen)
             q_pi = torch.min(*self.critic(batch.obs, action))
             actor_loss = (alpha * log_prob - q_pi).mean()
             if cfg.hterm:
@@ -235,37 +207,14 @@ class SACAgent:
         log_density = self.actor.log_density(batch.obs[keep], batch.action[keep])
         return hterm_loss(log_density, r_norm, self._box.dim)
 
-    def update(self, batch: Batch) -> dict[str, float]:
-        """One gradient step of critics, actor and temperature on ``batch``."""
-        return {k: float(v) for k, v in self._update(batch).items()}
-
-    def train_iteration(self, env: VecEnv) -> dict[str, float]:
-        """Explore ``steps_per_iter`` steps per copy, then ``updates_per_iter`` updates."""
-        metrics = self.explore(env, self.config.steps_per_iter)
-        metrics.update(self._loop.run_updates(self.config, self._update))
-        return metrics
-
     # ---------------------------------------------------------------- checkpoints
 
-    def _parts(self) -> dict[str, nn.Module | torch.Tensor]:
+    def _parts(self) -> Parts:
         return {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target,
                 "log_alpha": self.log_alpha}
 
-    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        return {"actor_opt": self.actor_opt, "critic_opt": self.critic_opt,
-                "alpha_opt": self.alpha_opt}
-
-    def state_dict(self) -> StateDict:
-        """Full training state (the buffer only with ``checkpoint_replay``)."""
-        return self._loop.save(self._parts(), self._optimizers(), self.env_steps, self.updates,
-                               self.config.checkpoint_replay)
-
-    def load_state_dict(self, state: Mapping[str, torch.Tensor], keep_data: bool = False
-                        ) -> None:
-        """Restore ``state_dict`` output exactly; the next ``explore`` resets its env
-        (``keep_data``: the buffer and the env position stay, see ``ReplayLoop.load``)."""
-        self.env_steps, self.updates = self._loop.load(state, self._parts(),
-                                                       self._optimizers(), keep_data)
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.actor_opt, self.critic_opt, self.alpha_opt]
 
 
 def build(obs_space: gymnasium.spaces.Space[Any], act_space: gymnasium.spaces.Space[Any],

@@ -4,22 +4,18 @@ A deterministic tanh actor explored with Gaussian noise, twin Q critics whose mi
 forms the target, target policy smoothing (clipped noise on the target action), and
 delayed updates: the actor and both targets move once every ``policy_delay`` critic
 steps. One training iteration explores ``steps_per_iter`` steps on each of
-``num_envs`` copies, then takes ``updates_per_iter`` critic steps (replay ratio
-``updates_per_iter * batch_size / (steps_per_iter * num_envs)``). Actions are stored
-in the actor's [-1, 1] scale and mapped to the env's box only when stepping it.
-
-Checkpoints: ``state_dict`` holds actor, critics, both targets, both Adam optimizers
-(moments and step counts), the RNG states and the counters (the update counter keeps
-the delay phase). The replay buffer is included only with ``checkpoint_replay=True``;
-without it a restored agent refills its buffer before updating again, so resumption
-is exact only with the flag on.
+``num_envs`` copies, then takes ``updates_per_iter`` critic steps
+(``agents.offpolicy.OffPolicyAgent`` runs the loop). Actions are stored in the actor's
+[-1, 1] scale and mapped to the env's box only when stepping it. Checkpoints
+(``agents/state.py``): actor, critics, both targets, both optimizers' state, the RNG
+states and the counters (``updates`` keeps the delay phase); the replay buffer only with
+``checkpoint_replay``.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import logging
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -27,24 +23,14 @@ from typing import Any, ClassVar
 import gymnasium
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from agents.base import AlgorithmSpec, SearchDim, check_sizes
+from agents.base import AlgorithmSpec, SearchDim
+from agents.checks import check_nonnegative, check_positive, check_unit
 from agents.deterministic import Actor
-from agents.networks import TwinQ, flat_dim, frozen, gradient_step
-from agents.offpolicy import BoxActions, OffPolicyConfig, ReplayLoop
-from agents.replay import (
-    Batch,
-    ReplayBuffer,
-    StateDict,
-    check_nonnegative,
-    check_positive,
-    check_unit,
-    polyak,
-)
-from envs.base import VecEnv
-
-logger = logging.getLogger(__name__)
+from agents.networks import TwinQ, flat_dim, frozen, gradient_step, polyak, seeded
+from agents.offpolicy import BoxActions, OffPolicyAgent, OffPolicyConfig
+from agents.replay import Batch
+from agents.state import Parts, adam
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,53 +65,37 @@ class TD3Config(OffPolicyConfig):
     """The smoothing noise is clipped to [-noise_clip, noise_clip]."""
     policy_delay: int = 2
     """Critic steps per actor-and-target step."""
-    hidden_size: int = 128
-    """Width of every hidden layer (actor and critics)."""
-    hidden_layers: int = 2
-    """Number of hidden layers."""
-    checkpoint_replay: bool = False
-    """Put the replay buffer in state_dict (big checkpoints, but exact resumption)."""
 
     def __post_init__(self) -> None:
-        check_sizes(self)
+        super().__post_init__()
         check_positive(self, "tau", "actor_lr", "critic_lr", "policy_delay")
-        check_unit(self, "gamma", "tau")
-        check_nonnegative(self, "learning_starts", "exploration_noise", "policy_noise",
-                          "noise_clip")
+        check_unit(self, "tau")
+        check_nonnegative(self, "exploration_noise", "policy_noise", "noise_clip")
 
 
-class TD3Agent:
+class TD3Agent(OffPolicyAgent):
     """TD3 with twin critics, target smoothing and delayed policy updates."""
+
+    config: TD3Config
 
     def __init__(self, obs_space: gymnasium.spaces.Space[Any],
                  act_space: gymnasium.spaces.Space[Any], config: TD3Config, device: torch.device,
                  seed: int) -> None:
-        self.config = config
-        self.device = torch.device(device)
-        self.env_steps = 0
-        self.updates = 0
-        self._box = BoxActions(act_space, "TD3", self.device)
-        obs_dim, act_dim = flat_dim(obs_space.shape), self._box.dim
-        with torch.random.fork_rng(devices=[]):  # seed the init without touching global RNG
-            torch.manual_seed(seed)
-            self.actor = Actor(obs_dim, act_dim, config.hidden_size, config.hidden_layers)
-            self.critic = TwinQ(obs_dim, act_dim, config.hidden_size, config.hidden_layers)
-        self.actor.to(self.device)
-        self.critic.to(self.device)
+        box = BoxActions(act_space, "TD3", torch.device(device))
+        super().__init__(config, obs_space, (box.dim,), device, seed)
+        self._box = box
+        obs_dim, hidden, layers = (flat_dim(obs_space.shape), config.hidden_size,
+                                   config.hidden_layers)
+        with seeded(seed):
+            self.actor = Actor(obs_dim, box.dim, hidden, layers).to(self.device)
+            self.critic = TwinQ(obs_dim, box.dim, hidden, layers).to(self.device)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=config.actor_lr)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=config.critic_lr)
-        self.buffer = ReplayBuffer(config.buffer_size, obs_space.shape or (), (act_dim,),
-                                   self.device)
-        self._loop = ReplayLoop(self.buffer, seed, self.device)
-        logger.debug("TD3 agent: obs %s, actions %s, %d envs, seed %d", obs_space.shape,
-                     act_space, config.num_envs, seed)
-
-    # ---------------------------------------------------------------- acting
+        self.actor_opt = adam(self.actor.parameters(), lr=config.actor_lr)
+        self.critic_opt = adam(self.critic.parameters(), lr=config.critic_lr)
 
     def _noisy(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.actor.noisy(obs, self.config.exploration_noise, self._loop.explore_gen)
+        return self.actor.noisy(obs, self.config.exploration_noise, self.explore_gen)
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
@@ -136,21 +106,13 @@ class TD3Agent:
     def _explore_action(self, obs: torch.Tensor, env_steps: int
                         ) -> tuple[torch.Tensor, torch.Tensor]:
         warm = env_steps >= self.config.learning_starts
-        return self._box.explore(obs, self._noisy, warm, self._loop.explore_gen)
-
-    def explore(self, env: VecEnv, steps: int) -> dict[str, float]:
-        """Collect ``steps`` transitions per copy into the buffer (random until warm)."""
-        metrics, self.env_steps = self._loop.collect(env, steps, self.env_steps,
-                                                     self._explore_action)
-        return metrics
-
-    # ---------------------------------------------------------------- learning
+        return self._box.explore(obs, self._noisy, warm, self.explore_gen)
 
     def _update(self, batch: Batch) -> dict[str, torch.Tensor]:
         cfg = self.config
         with torch.no_grad():
             next_action = self.actor_target(batch.next_obs)
-            noise = torch.randn(next_action.shape, generator=self._loop.sample_gen,
+            noise = torch.randn(next_action.shape, generator=self.sample_gen,
                                 device=self.device)
             noise = (cfg.policy_noise * noise).clamp(-cfg.noise_clip, cfg.noise_clip)
             next_action = (next_action + noise).clamp(-1.0, 1.0)
@@ -171,36 +133,12 @@ class TD3Agent:
             metrics["losses/actor"] = actor_loss.detach()
         return metrics
 
-    def update(self, batch: Batch) -> dict[str, float]:
-        """One critic step on ``batch`` (and, every ``policy_delay`` calls, an actor step)."""
-        return {k: float(v) for k, v in self._update(batch).items()}
-
-    def train_iteration(self, env: VecEnv) -> dict[str, float]:
-        """Explore ``steps_per_iter`` steps per copy, then ``updates_per_iter`` updates."""
-        metrics = self.explore(env, self.config.steps_per_iter)
-        metrics.update(self._loop.run_updates(self.config, self._update))
-        return metrics
-
-    # ---------------------------------------------------------------- checkpoints
-
-    def _parts(self) -> dict[str, nn.Module | torch.Tensor]:
+    def _parts(self) -> Parts:
         return {"actor": self.actor, "critic": self.critic, "actor_target": self.actor_target,
                 "critic_target": self.critic_target}
 
-    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        return {"actor_opt": self.actor_opt, "critic_opt": self.critic_opt}
-
-    def state_dict(self) -> StateDict:
-        """Full training state (the buffer only with ``checkpoint_replay``)."""
-        return self._loop.save(self._parts(), self._optimizers(), self.env_steps, self.updates,
-                               self.config.checkpoint_replay)
-
-    def load_state_dict(self, state: Mapping[str, torch.Tensor], keep_data: bool = False
-                        ) -> None:
-        """Restore ``state_dict`` output exactly; the next ``explore`` resets its env
-        (``keep_data``: the buffer and the env position stay, see ``ReplayLoop.load``)."""
-        self.env_steps, self.updates = self._loop.load(state, self._parts(),
-                                                       self._optimizers(), keep_data)
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.actor_opt, self.critic_opt]
 
 
 def build(obs_space: gymnasium.spaces.Space[Any], act_space: gymnasium.spaces.Space[Any],

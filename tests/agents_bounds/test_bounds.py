@@ -11,15 +11,9 @@ import pytest
 import torch
 
 from agents import ppo
-from agents.base import (
-    MAX_HIDDEN_WEIGHTS,
-    SIZE_LIMITS,
-    AlgorithmSpec,
-    HParams,
-    config_from_hparams,
-    config_to_hparams,
-)
+from agents.base import AlgorithmSpec, HParams, config_from_hparams, config_to_hparams
 from agents.build import resolve_config
+from agents.checks import MAX_HIDDEN_WEIGHTS, MAX_ROLLOUT_SAMPLES, SIZE_LIMITS
 from agents.registry import default_registry
 from agents.replay import MAX_REPLAY_BYTES, ReplayBuffer
 from broker.core.errors import ConfigError
@@ -85,9 +79,9 @@ def test_field_at_its_own_limits_is_accepted(spec: AlgorithmSpec, field: str) ->
         if field == "num_minibatches":  # needs at least that many samples per rollout
             hparams["num_envs"] = max(defaults.num_envs, value)
         if spec.name == "ppo" and field == "num_envs":  # keep within MAX_ROLLOUT_SAMPLES
-            hparams["rollout_steps"] = ppo.MAX_ROLLOUT_SAMPLES // high
+            hparams["rollout_steps"] = MAX_ROLLOUT_SAMPLES // high
         if spec.name == "ppo" and field == "rollout_steps":
-            hparams["num_envs"] = ppo.MAX_ROLLOUT_SAMPLES // high
+            hparams["num_envs"] = MAX_ROLLOUT_SAMPLES // high
         if field == "hidden_layers":  # keep the whole network within MAX_HIDDEN_WEIGHTS
             hparams["hidden_size"] = 1024
         config = resolve_config(REGISTRY, spec.name, hparams)
@@ -134,7 +128,7 @@ def test_wide_and_deep_network_together_is_rejected(spec: AlgorithmSpec) -> None
 
 def test_ppo_rollout_size_is_capped_as_a_product() -> None:
     err = _raises_on("rollout_steps", lambda: ppo.PPOConfig(num_envs=2**20, rollout_steps=2**16))
-    assert str(ppo.MAX_ROLLOUT_SAMPLES) in err.problem
+    assert str(MAX_ROLLOUT_SAMPLES) in err.problem
     assert ppo.PPOConfig(num_envs=2**20, rollout_steps=4).rollout_steps == 4
 
 
