@@ -30,10 +30,9 @@ from torch import nn
 from agents.base import AlgorithmSpec, SearchDim
 from agents.checks import check_positive, check_unit
 from agents.networks import HIDDEN_GAIN, flat_dim, mlp, orthogonal_init, polyak, seeded
-from agents.offpolicy import OffPolicyAgent, OffPolicyConfig
+from agents.offpolicy import DiscreteActions, OffPolicyAgent, OffPolicyConfig
 from agents.replay import Batch
 from agents.state import Parts, adam
-from broker.core.errors import ConfigError
 from envs.base import VecEnv
 
 
@@ -110,19 +109,15 @@ class DQNAgent(OffPolicyAgent):
     """DQN with epsilon-greedy exploration, a target network and Double/Dueling flags."""
 
     config: DQNConfig
+    actions: DiscreteActions
+    discrete = True
 
     def __init__(self, obs_space: gymnasium.spaces.Space[Any],
                  act_space: gymnasium.spaces.Space[Any], config: DQNConfig, device: torch.device,
                  seed: int) -> None:
-        if not isinstance(act_space, gymnasium.spaces.Discrete):
-            raise ConfigError("algorithm", f"DQN needs a Discrete action space, got {act_space}",
-                              "use sac, td3, ddpg or ppo for continuous actions")
-        # the buffer stores 0-based class indices; the env gets them shifted by ``start``
-        super().__init__(config, obs_space, (), device, seed, action_dtype=torch.int64)
-        self.n_actions = int(act_space.n)
-        self._action_start = int(act_space.start)
+        super().__init__(config, obs_space, act_space, device, seed)
         with seeded(seed):
-            self.q = QNetwork(flat_dim(obs_space.shape), self.n_actions, config.hidden_size,
+            self.q = QNetwork(flat_dim(obs_space.shape), self.actions.n, config.hidden_size,
                               config.hidden_layers, config.dueling).to(self.device)
         self.q_target = copy.deepcopy(self.q).requires_grad_(False)
         self.opt = adam(self.q.parameters(), lr=config.lr)
@@ -131,33 +126,19 @@ class DQNAgent(OffPolicyAgent):
 
     def epsilon(self) -> float:
         """The current exploration rate (a function of ``env_steps``)."""
-        return self._epsilon_at(self.env_steps)
-
-    def _epsilon_at(self, env_steps: int) -> float:
         cfg = self.config
-        fraction = min(1.0, env_steps / cfg.epsilon_decay_steps)
+        fraction = min(1.0, self.env_steps / cfg.epsilon_decay_steps)
         return cfg.epsilon_start + fraction * (cfg.epsilon_end - cfg.epsilon_start)
 
-    def _epsilon_greedy(self, obs: torch.Tensor, epsilon: float) -> torch.Tensor:
+    def _policy(self, obs: torch.Tensor, explore: bool) -> torch.Tensor:
+        """The greedy action, or epsilon-greedy at the current epsilon when exploring."""
         greedy = self.q(obs).argmax(dim=-1)
-        n = obs.shape[0]
-        gen = self.explore_gen
-        explore = torch.rand(n, generator=gen, device=self.device) < epsilon
-        random = torch.randint(0, self.n_actions, (n,), generator=gen, device=self.device)
-        return torch.where(explore, random, greedy)
-
-    @torch.no_grad()
-    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
-        """Env actions ``int64[B]``: greedy, or epsilon-greedy at the current epsilon."""
-        obs = obs.to(self.device, torch.float32)
-        index = self.q(obs).argmax(dim=-1) if deterministic else (
-            self._epsilon_greedy(obs, self.epsilon()))
-        return index + self._action_start
-
-    def _explore_action(self, obs: torch.Tensor, env_steps: int
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        action = self._epsilon_greedy(obs, self._epsilon_at(env_steps))
-        return action, action + self._action_start
+        if not explore:
+            return greedy
+        n, gen = obs.shape[0], self.explore_gen
+        random_pick = torch.rand(n, generator=gen, device=self.device) < self.epsilon()
+        random = torch.randint(0, self.actions.n, (n,), generator=gen, device=self.device)
+        return torch.where(random_pick, random, greedy)
 
     def explore(self, env: VecEnv, steps: int) -> dict[str, float]:
         """Collect ``steps`` epsilon-greedy transitions per copy into the buffer."""

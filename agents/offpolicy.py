@@ -1,17 +1,20 @@
 """The base of the replay-based agents (DQN, DDPG, TD3, SAC): everything but the math.
 
-``OffPolicyAgent`` owns the replay buffer, the two RNG streams, the counters, the
-exploration loop and the checkpoint; an algorithm subclasses it once (no deeper chain)
-and gives, in its own module read top to bottom:
+``OffPolicyAgent`` owns the replay buffer, the two RNG streams, the counters, how
+actions reach the env, the exploration loop and the checkpoint. An algorithm
+subclasses it once (no deeper chain) and gives, in its own module read top to bottom:
 
 * its networks and Adam optimizers (``agents.state.adam``), built in ``__init__``
   after ``super().__init__``;
-* ``act`` (evaluation), ``_explore_action`` (what to store and what to step the env
-  with), ``_update`` (one gradient step on a minibatch, metrics as tensors);
+* ``_policy(obs, explore)``: the action in the buffer's scale, the policy's best or
+  its exploring choice (noise, a sample, epsilon-greedy);
+* ``_update``: one gradient step on a minibatch, metrics as tensors;
 * ``_parts`` and ``_optimizers``: what its checkpoint holds (``agents/state.py``).
 
-``OffPolicyConfig`` holds the fields every off-policy config starts with; ``BoxActions``
-maps a tanh policy's [-1, 1] actions (the scale stored in the buffer) onto the env's box.
+``OffPolicyConfig`` holds the fields every off-policy config starts with.
+``BoxActions`` maps a tanh policy's [-1, 1] actions (the scale stored in the buffer)
+onto the env's box and explores uniformly until ``learning_starts``;
+``DiscreteActions`` stores 0-based class indices and shifts them by the space's start.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import abc
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium
 import torch
@@ -74,7 +77,9 @@ class OffPolicyConfig:
 
 
 class BoxActions:
-    """Maps a tanh policy's [-1, 1] actions onto a continuous (Box) action space."""
+    """A continuous (Box) action space seen by a tanh policy acting in [-1, 1]."""
+
+    dtype = torch.float32
 
     def __init__(self, space: gymnasium.spaces.Space[Any], algorithm: str,
                  device: torch.device) -> None:
@@ -83,6 +88,8 @@ class BoxActions:
                               f"got {space}", "use dqn or ppo for discrete actions")
         self.device = device
         self.dim = flat_dim(space.shape)
+        self.stored: tuple[int, ...] = (self.dim,)
+        """The shape of one action in the buffer."""
         self.shape = tuple(space.shape)
         self.low = torch.as_tensor(space.low, dtype=torch.float32, device=device)
         self.high = torch.as_tensor(space.high, dtype=torch.float32, device=device)
@@ -95,12 +102,37 @@ class BoxActions:
     def explore(self, obs: torch.Tensor, policy: Callable[[torch.Tensor], torch.Tensor],
                 warm: bool, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """``policy(obs)`` once ``warm``, before that actions drawn uniformly from [-1, 1]
-        with ``generator``; each with its env-scale version (``_explore_action``'s pair)."""
+        with ``generator``; each with its env-scale version."""
         if warm:
             action = policy(obs)
         else:
-            action = torch.rand((obs.shape[0], self.low.numel()), generator=generator,
+            action = torch.rand((obs.shape[0], self.dim), generator=generator,
                                 device=self.device) * 2.0 - 1.0
+        return action, self.to_env(action)
+
+
+class DiscreteActions:
+    """A Discrete action space: the buffer stores 0-based class indices."""
+
+    dtype = torch.int64
+    stored: tuple[int, ...] = ()
+
+    def __init__(self, space: gymnasium.spaces.Space[Any], algorithm: str) -> None:
+        if not isinstance(space, gymnasium.spaces.Discrete):
+            raise ConfigError("algorithm", f"{algorithm} needs a Discrete action space, got "
+                              f"{space}", "use sac, td3, ddpg or ppo for continuous actions")
+        self.n = int(space.n)
+        self.start = int(space.start)
+
+    def to_env(self, action: torch.Tensor) -> torch.Tensor:
+        """The env's actions: indices shifted by the space's ``start``."""
+        return action + self.start
+
+    def explore(self, obs: torch.Tensor, policy: Callable[[torch.Tensor], torch.Tensor],
+                warm: bool, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """``policy(obs)`` from the first step (its own schedule explores, e.g. epsilon)
+        and its env version."""
+        action = policy(obs)
         return action, self.to_env(action)
 
 
@@ -121,34 +153,36 @@ class OffPolicyAgent(abc.ABC):
     """
 
     config: OffPolicyConfig
+    discrete: ClassVar[bool] = False
+    """Which action space the algorithm takes: Discrete (True) or Box (False)."""
 
     def __init__(self, config: OffPolicyConfig, obs_space: gymnasium.spaces.Space[Any],
-                 action_shape: Sequence[int], device: torch.device, seed: int,
-                 action_dtype: torch.dtype = torch.float32) -> None:
+                 act_space: gymnasium.spaces.Space[Any], device: torch.device, seed: int
+                 ) -> None:
         self.config = config
         self.device = torch.device(device)
+        name = type(self).__name__.removesuffix("Agent")
+        self.actions = (DiscreteActions(act_space, name) if self.discrete
+                        else BoxActions(act_space, name, self.device))
         self.env_steps = 0
         self.updates = 0
-        self.buffer = ReplayBuffer(config.buffer_size, obs_space.shape or (), action_shape,
-                                   self.device, action_dtype=action_dtype)
+        self.buffer = ReplayBuffer(config.buffer_size, obs_space.shape or (),
+                                   self.actions.stored, self.device,
+                                   action_dtype=self.actions.dtype)
         self.explore_gen = seeded_generator(seed + 1, self.device)
         self.sample_gen = seeded_generator(seed + 2, self.device)
         # where exploration stands; not training state (a new env starts from a reset)
         self._env: VecEnv | None = None
         self._obs: torch.Tensor | None = None
-        log.debug("%s: obs %s, actions %s, %d envs, seed %d", type(self).__name__,
-                  obs_space.shape, tuple(action_shape), config.num_envs, seed)
+        log.debug("%s agent: obs %s, actions %s, %d envs, seed %d", name, obs_space.shape,
+                  act_space, config.num_envs, seed)
 
     # ------------------------------------------------------- what an algorithm gives
 
     @abc.abstractmethod
-    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
-        """Env actions for a batch of observations."""
-
-    @abc.abstractmethod
-    def _explore_action(self, obs: torch.Tensor, env_steps: int
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(action to store, action to step the env with)`` while exploring."""
+    def _policy(self, obs: torch.Tensor, explore: bool) -> torch.Tensor:
+        """Actions in the buffer's scale for float32 ``obs`` on the device: the policy's
+        best, or with ``explore`` its exploring choice (drawn with ``explore_gen``)."""
 
     @abc.abstractmethod
     def _update(self, batch: Batch) -> dict[str, torch.Tensor]:
@@ -162,11 +196,21 @@ class OffPolicyAgent(abc.ABC):
     def _optimizers(self) -> Sequence[torch.optim.Optimizer]:
         """The optimizers whose state the checkpoint holds (made with ``state.adam``)."""
 
-    # ------------------------------------------------------------------ exploring
+    # ------------------------------------------------------------------ acting
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
+        """Env actions for a batch of observations (exploring when not ``deterministic``)."""
+        action = self._policy(obs.to(self.device, torch.float32), explore=not deterministic)
+        return self.actions.to_env(action)
+
+    def _explore_policy(self, obs: torch.Tensor) -> torch.Tensor:
+        return self._policy(obs, explore=True)
 
     @torch.no_grad()
     def explore(self, env: VecEnv, steps: int) -> dict[str, float]:
-        """Step ``env`` ``steps`` times with ``_explore_action``, storing every transition."""
+        """Step ``env`` ``steps`` times with the exploring policy (for a Box, uniform until
+        ``learning_starts``), storing every transition."""
         if env is not self._env or self._obs is None:
             # a new env (or a restored agent) starts from a reset seeded by the agent's RNG
             seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self.explore_gen,
@@ -178,7 +222,9 @@ class OffPolicyAgent(abc.ABC):
         reward_sum = torch.zeros((), device=self.device)
         ended_sum = torch.zeros((), dtype=torch.int64, device=self.device)
         for _ in range(steps):
-            action, env_action = self._explore_action(obs, self.env_steps)
+            warm = self.env_steps >= self.config.learning_starts
+            action, env_action = self.actions.explore(obs, self._explore_policy, warm,
+                                                      self.explore_gen)
             next_obs, reward, ended = store_step(env, self.buffer, obs, action, env_action)
             obs = next_obs.to(self.device, torch.float32)
             self.env_steps += obs.shape[0]

@@ -120,14 +120,13 @@ class SACAgent(OffPolicyAgent):
     """SAC with twin critics and automatic entropy tuning; satisfies ``agents.base.Agent``."""
 
     config: SACConfig
+    actions: BoxActions
 
     def __init__(self, obs_space: gymnasium.spaces.Space[Any],
                  act_space: gymnasium.spaces.Space[Any], config: SACConfig, device: torch.device,
                  seed: int) -> None:
-        box = BoxActions(act_space, "SAC", torch.device(device))
-        super().__init__(config, obs_space, (box.dim,), device, seed)
-        self._box = box
-        obs_dim, act_dim = flat_dim(obs_space.shape), box.dim
+        super().__init__(config, obs_space, act_space, device, seed)
+        obs_dim, act_dim = flat_dim(obs_space.shape), self.actions.dim
         with seeded(seed):
             self.actor = Actor(obs_dim, act_dim, config.hidden_size, config.hidden_layers)
             self.critic = TwinQ(obs_dim, act_dim, config.hidden_size, config.hidden_layers)
@@ -141,23 +140,11 @@ class SACAgent(OffPolicyAgent):
         self.critic_opt = adam(self.critic.parameters(), lr=config.critic_lr)
         self.alpha_opt = adam([self.log_alpha], lr=config.alpha_lr)
 
-    # ---------------------------------------------------------------- acting
-
-    @torch.no_grad()
-    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
-        """Env-scale actions: the squashed mean, or a sample when not deterministic."""
-        obs = obs.to(self.device, torch.float32)
-        if deterministic:
-            return self._box.to_env(torch.tanh(self.actor(obs)[0]))
-        return self._box.to_env(self._sample(obs))
-
-    def _sample(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.actor.sample(obs, self.explore_gen)[0]
-
-    def _explore_action(self, obs: torch.Tensor, env_steps: int
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        warm = env_steps >= self.config.learning_starts
-        return self._box.explore(obs, self._sample, warm, self.explore_gen)
+    def _policy(self, obs: torch.Tensor, explore: bool) -> torch.Tensor:
+        """A sample of the squashed Gaussian, or its squashed mean."""
+        if explore:
+            return self.actor.sample(obs, self.explore_gen)[0]
+        return torch.tanh(self.actor(obs)[0])
 
     # ---------------------------------------------------------------- learning
 
@@ -205,7 +192,7 @@ class SACAgent(OffPolicyAgent):
         if keep.numel() == 0:  # every Q equal: nothing stands out
             return torch.zeros((), device=self.device)
         log_density = self.actor.log_density(batch.obs[keep], batch.action[keep])
-        return hterm_loss(log_density, r_norm, self._box.dim)
+        return hterm_loss(log_density, r_norm, self.actions.dim)
 
     # ---------------------------------------------------------------- checkpoints
 

@@ -77,36 +77,28 @@ class TD3Agent(OffPolicyAgent):
     """TD3 with twin critics, target smoothing and delayed policy updates."""
 
     config: TD3Config
+    actions: BoxActions
 
     def __init__(self, obs_space: gymnasium.spaces.Space[Any],
                  act_space: gymnasium.spaces.Space[Any], config: TD3Config, device: torch.device,
                  seed: int) -> None:
-        box = BoxActions(act_space, "TD3", torch.device(device))
-        super().__init__(config, obs_space, (box.dim,), device, seed)
-        self._box = box
+        super().__init__(config, obs_space, act_space, device, seed)
         obs_dim, hidden, layers = (flat_dim(obs_space.shape), config.hidden_size,
                                    config.hidden_layers)
         with seeded(seed):
-            self.actor = Actor(obs_dim, box.dim, hidden, layers).to(self.device)
-            self.critic = TwinQ(obs_dim, box.dim, hidden, layers).to(self.device)
+            self.actor = Actor(obs_dim, self.actions.dim, hidden, layers).to(self.device)
+            self.critic = TwinQ(obs_dim, self.actions.dim, hidden, layers).to(self.device)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.actor_opt = adam(self.actor.parameters(), lr=config.actor_lr)
         self.critic_opt = adam(self.critic.parameters(), lr=config.critic_lr)
 
-    def _noisy(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.actor.noisy(obs, self.config.exploration_noise, self.explore_gen)
-
-    @torch.no_grad()
-    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
-        """Env-scale actions: the actor's output, plus exploration noise if not deterministic."""
-        obs = obs.to(self.device, torch.float32)
-        return self._box.to_env(self.actor(obs) if deterministic else self._noisy(obs))
-
-    def _explore_action(self, obs: torch.Tensor, env_steps: int
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        warm = env_steps >= self.config.learning_starts
-        return self._box.explore(obs, self._noisy, warm, self.explore_gen)
+    def _policy(self, obs: torch.Tensor, explore: bool) -> torch.Tensor:
+        """The actor's action, plus Gaussian noise (clamped into [-1, 1]) when exploring."""
+        if explore:
+            return self.actor.noisy(obs, self.config.exploration_noise, self.explore_gen)
+        out: torch.Tensor = self.actor(obs)
+        return out
 
     def _update(self, batch: Batch) -> dict[str, torch.Tensor]:
         cfg = self.config
