@@ -28,8 +28,8 @@ SIZE_LIMITS: Mapping[str, tuple[int, int]] = MappingProxyType({
 })
 """Inclusive ``[low, high]`` of every size-like hyperparameter, whichever config has it.
 
-Hparams arrive in broker messages from strangers and size tensors, envs and loops
-(the updater even builds a reference agent from them), so each is capped here, once."""
+Hparams may come from strangers (broker messages) and size tensors, envs and loops, so
+each is capped here, once, before anything is allocated."""
 
 MAX_HIDDEN_WEIGHTS = 2**24
 """Cap on ``hidden_size**2 * (hidden_layers - 1)``, the hidden-to-hidden weights of one

@@ -242,9 +242,11 @@ class OffPolicyAgent(abc.ABC):
         env's observations (``next_obs`` the true successor, also where an episode
         ended), ``action`` in the scale this agent stores (the policy's [-1, 1] for a Box,
         the 0-based class index for DQN), ``reward`` and ``terminated`` (bool; False for
-        a time-limit truncation) of shape ``[N]``. They are copied to the agent's device;
-        ``env_steps`` does not change (the agent did not step an env). ``ConfigError``
-        names a tensor of the wrong shape or dtype.
+        a time-limit truncation) of shape ``[N]``. They are copied to the agent's device.
+        ``env_steps`` does not change (the agent did not step an env), so a Box agent's
+        uniform warm-up still lasts until it has taken ``learning_starts`` steps itself;
+        the updates start once the buffer holds enough. ``ConfigError`` names a tensor
+        of the wrong shape or dtype.
         """
         n = obs.shape[0] if obs.dim() > 0 else -1
         buf = self.buffer
