@@ -131,10 +131,4 @@ class DDPGAgent(OffPolicyAgent):
         return [self.actor_opt, self.critic_opt]
 
 
-def build(obs_space: gymnasium.spaces.Space[Any], act_space: gymnasium.spaces.Space[Any],
-          config: DDPGConfig, device: torch.device, seed: int) -> DDPGAgent:
-    """Build a fresh DDPG agent (the ``AlgorithmSpec`` factory)."""
-    return DDPGAgent(obs_space, act_space, config, device, seed)
-
-
-SPEC = AlgorithmSpec("ddpg", DDPGConfig, build, discrete=False, continuous=True)
+SPEC = AlgorithmSpec("ddpg", DDPGConfig, DDPGAgent, discrete=False, continuous=True)

@@ -177,10 +177,4 @@ class DQNAgent(OffPolicyAgent):
         return [self.opt]
 
 
-def build(obs_space: gymnasium.spaces.Space[Any], act_space: gymnasium.spaces.Space[Any],
-          config: DQNConfig, device: torch.device, seed: int) -> DQNAgent:
-    """Build a fresh DQN agent (the ``AlgorithmSpec`` factory)."""
-    return DQNAgent(obs_space, act_space, config, device, seed)
-
-
-SPEC = AlgorithmSpec("dqn", DQNConfig, build, discrete=True, continuous=False)
+SPEC = AlgorithmSpec("dqn", DQNConfig, DQNAgent, discrete=True, continuous=False)

@@ -11,6 +11,9 @@ subclasses it once (no deeper chain) and gives, in its own module read top to bo
 * ``_update``: one gradient step on a minibatch, metrics as tensors;
 * ``_parts`` and ``_optimizers``: what its checkpoint holds (``agents/state.py``).
 
+The agent class itself is the algorithm's ``AlgorithmSpec`` factory: its constructor
+takes ``(obs_space, act_space, config, device, seed)``.
+
 ``OffPolicyConfig`` holds the fields every off-policy config starts with.
 ``BoxActions`` maps a tanh policy's [-1, 1] actions (the scale stored in the buffer)
 onto the env's box and explores uniformly until ``learning_starts``;

@@ -204,10 +204,4 @@ class SACAgent(OffPolicyAgent):
         return [self.actor_opt, self.critic_opt, self.alpha_opt]
 
 
-def build(obs_space: gymnasium.spaces.Space[Any], act_space: gymnasium.spaces.Space[Any],
-          config: SACConfig, device: torch.device, seed: int) -> SACAgent:
-    """Build a fresh SAC agent (the ``AlgorithmSpec`` factory)."""
-    return SACAgent(obs_space, act_space, config, device, seed)
-
-
-SPEC = AlgorithmSpec("sac", SACConfig, build, discrete=False, continuous=True)
+SPEC = AlgorithmSpec("sac", SACConfig, SACAgent, discrete=False, continuous=True)

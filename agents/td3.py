@@ -133,10 +133,4 @@ class TD3Agent(OffPolicyAgent):
         return [self.actor_opt, self.critic_opt]
 
 
-def build(obs_space: gymnasium.spaces.Space[Any], act_space: gymnasium.spaces.Space[Any],
-          config: TD3Config, device: torch.device, seed: int) -> TD3Agent:
-    """Build a fresh TD3 agent (the ``AlgorithmSpec`` factory)."""
-    return TD3Agent(obs_space, act_space, config, device, seed)
-
-
-SPEC = AlgorithmSpec("td3", TD3Config, build, discrete=False, continuous=True)
+SPEC = AlgorithmSpec("td3", TD3Config, TD3Agent, discrete=False, continuous=True)

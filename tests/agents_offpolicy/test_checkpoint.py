@@ -148,8 +148,8 @@ def test_continuous_agents_reject_discrete_actions(spec: AlgorithmSpec) -> None:
 def test_dqn_rejects_continuous_actions() -> None:
     pendulum = make_env("torch/Pendulum-v1", 2)
     with pytest.raises(ConfigError, match="algorithm"):
-        dqn.build(pendulum.single_observation_space, pendulum.single_action_space,
-                  dqn.DQNConfig(), torch.device("cpu"), 0)
+        dqn.DQNAgent(pendulum.single_observation_space, pendulum.single_action_space,
+                     dqn.DQNConfig(), torch.device("cpu"), 0)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)

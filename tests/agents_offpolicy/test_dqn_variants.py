@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agents.dqn import DQNConfig, QNetwork, build
+from agents.dqn import DQNAgent, DQNConfig, QNetwork
 from envs.registry import make_env
 
 pytestmark = pytest.mark.timeout(60)
@@ -17,8 +17,8 @@ def test_variant_updates_its_network(double: bool, dueling: bool) -> None:
     config = DQNConfig(num_envs=8, batch_size=16, learning_starts=16, hidden_size=32,
                        double=double, dueling=dueling, target_update_interval=2)
     env = make_env("torch/CartPole-v1", config.num_envs)
-    agent = build(env.single_observation_space, env.single_action_space, config,
-                  torch.device("cpu"), 0)
+    agent = DQNAgent(env.single_observation_space, env.single_action_space, config,
+                     torch.device("cpu"), 0)
     assert isinstance(agent.q, QNetwork) and agent.q.dueling == dueling
     agent.explore(env, 4)
     before = {k: v.clone() for k, v in agent.q.state_dict().items()}
@@ -37,8 +37,8 @@ def test_double_and_vanilla_targets_differ() -> None:
     agents = []
     for double in (False, True):
         config = DQNConfig(num_envs=8, learning_starts=0, hidden_size=32, double=double)
-        agent = build(env.single_observation_space, env.single_action_space, config,
-                      torch.device("cpu"), 0)
+        agent = DQNAgent(env.single_observation_space, env.single_action_space, config,
+                         torch.device("cpu"), 0)
         agents.append(agent)
     agents[0].explore(env, 8)
     batch = agents[0].buffer.sample(64, torch.Generator().manual_seed(1))
@@ -61,8 +61,8 @@ def test_dueling_head_is_mean_centered() -> None:
 def test_epsilon_schedule_decays_linearly_to_the_floor() -> None:
     env = make_env("torch/CartPole-v1", 10)
     config = DQNConfig(num_envs=10, epsilon_start=1.0, epsilon_end=0.1, epsilon_decay_steps=100)
-    agent = build(env.single_observation_space, env.single_action_space, config,
-                  torch.device("cpu"), 0)
+    agent = DQNAgent(env.single_observation_space, env.single_action_space, config,
+                     torch.device("cpu"), 0)
     assert agent.epsilon() == pytest.approx(1.0)
     agent.explore(env, 5)  # 50 env steps
     assert agent.epsilon() == pytest.approx(0.55)

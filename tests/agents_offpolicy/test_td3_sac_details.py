@@ -18,8 +18,8 @@ def test_td3_moves_actor_and_targets_only_every_policy_delay_updates() -> None:
     env = make_env("torch/Pendulum-v1", 4)
     config = td3.TD3Config(num_envs=4, batch_size=8, learning_starts=0, hidden_size=16,
                            policy_delay=3)
-    agent = td3.build(env.single_observation_space, env.single_action_space, config,
-                      torch.device("cpu"), 0)
+    agent = td3.TD3Agent(env.single_observation_space, env.single_action_space, config,
+                         torch.device("cpu"), 0)
     agent.explore(env, 4)
     batch = agent.buffer.sample(8, torch.Generator().manual_seed(0))
     moved = []
@@ -53,8 +53,8 @@ def test_sac_entropy_tuning_lowers_alpha_when_entropy_is_above_target() -> None:
     env = make_env("torch/Pendulum-v1", 4)
     config = sac.SACConfig(num_envs=4, batch_size=16, learning_starts=0, hidden_size=16,
                            init_alpha=1.0)
-    agent = sac.build(env.single_observation_space, env.single_action_space, config,
-                      torch.device("cpu"), 0)
+    agent = sac.SACAgent(env.single_observation_space, env.single_action_space, config,
+                         torch.device("cpu"), 0)
     assert agent.target_entropy == -1.0
     agent.explore(env, 8)
     for _ in range(5):
@@ -69,8 +69,8 @@ def test_fixed_alpha_stays_put_without_autotune() -> None:
     env = make_env("torch/Pendulum-v1", 4)
     config = sac.SACConfig(num_envs=4, batch_size=16, learning_starts=0, hidden_size=16,
                            init_alpha=0.3, autotune=False)
-    agent = sac.build(env.single_observation_space, env.single_action_space, config,
-                      torch.device("cpu"), 0)
+    agent = sac.SACAgent(env.single_observation_space, env.single_action_space, config,
+                         torch.device("cpu"), 0)
     agent.explore(env, 8)
     agent.update(agent.buffer.sample(16, torch.Generator().manual_seed(1)))
     assert float(agent.log_alpha.detach().exp()) == pytest.approx(0.3)
