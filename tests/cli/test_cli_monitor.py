@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -39,3 +40,18 @@ def test_without_a_terminal_it_prints_plain_lines(capsys: Any) -> None:
     quiet = Monitor(EXP, None, echo=False)
     quiet.observe(_changed())
     assert capsys.readouterr().out == ""
+
+
+def test_without_the_viz_extra_one_line_says_what_is_left_out(
+        tmp_path: Any, monkeypatch: Any, capsys: Any) -> None:
+    for module in ("rich", "tensorboard"):
+        monkeypatch.setitem(sys.modules, module, None)  # what an import finds uninstalled
+    monitor = Monitor(EXP, tmp_path / "tb", echo=True, live=True)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 and "no the live panel" not in lines[0], lines
+    assert "live panel" in lines[0] and "TensorBoard" in lines[0]
+    assert "pip install 'podracer[viz]'" in lines[0]
+    monitor.observe(_changed())  # progress still flows, as lines
+    assert "best -180.5" in capsys.readouterr().out
+    monitor.close()
+    assert not (tmp_path / "tb").exists()

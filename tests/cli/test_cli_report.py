@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import struct
+import sys
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,16 @@ def test_report_command_on_a_missing_store_names_store(tmp_path: Path) -> None:
         _run("--store", str(tmp_path / "nowhere"))
     assert caught.value.field == "--store" and "--store" in str(caught.value)
     assert not (tmp_path / "nowhere" / DB_NAME).exists()  # read-only: nothing created
+
+
+def test_without_matplotlib_the_run_ends_well_and_says_how_to_get_the_charts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _tournament(tmp_path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an import finds uninstalled
+    summary = write_report(tmp_path, started_wall=T0 - 2.0)
+    assert (summary.checkpoints, summary.best_id) == (3, "a1")
+    assert not (tmp_path / "tournament.png").exists()
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'podracer[viz]'" in lines[0], lines
+    assert f"podracer report --store {tmp_path}" in lines[0]
