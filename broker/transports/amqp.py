@@ -228,7 +228,7 @@ class AmqpTransport:
         outgoing = aio_pika.Message(
             body, content_type=content_type, delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             message_id=msg.id, type=msg.KIND, app_id="podracer",
-            timestamp=datetime.datetime.fromtimestamp(msg.created, tz=datetime.timezone.utc),
+            timestamp=datetime.datetime.fromtimestamp(msg.created, tz=datetime.UTC),
         )
         last: BaseException | None = None
         for attempt in range(self.publish_tries):

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import pytest
 
 from broker.core.errors import ConfigError
+from orchestrator import probes
 from orchestrator.probes import FakeProbe, GpuLoad, NodeLoad, NodeProbe, Probe
 
 
@@ -112,3 +115,23 @@ def test_cpu_percent_between_two_readings(monkeypatch: pytest.MonkeyPatch) -> No
     probe = NodeProbe(node="n", nvml=BrokenNvml())
     assert probe.read().cpu_percent == pytest.approx(70.0)
     assert probe.read().cpu_percent == 0.0
+
+
+@pytest.mark.parametrize("driver", [True, False])
+def test_without_nvidia_ml_py_no_gpus_and_a_warning_only_beside_a_driver(
+        driver: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # what an import finds uninstalled
+    version = tmp_path / "version"
+    if driver:
+        version.write_text("NVRM version: 550\n")
+    monkeypatch.setattr(probes, "NVIDIA_DRIVER", str(version))
+    with caplog.at_level(logging.DEBUG, logger="orchestrator.probes"):
+        probe = NodeProbe("n1")
+    assert probe.read().gpus == []
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    if driver:
+        assert len(warnings) == 1 and "pip install 'podracer[gpu]'" in warnings[0], warnings
+    else:
+        assert warnings == []
+    probe.close()
