@@ -18,6 +18,7 @@ import pytest
 
 from broker.core.errors import BrokerError, ConfigError
 from broker.core.experiment import parse_experiment
+from broker.core.extras import MissingExtra
 from broker.core.settings import Settings
 from broker.runtime.service import ServiceContext
 from broker.transports.connect import connector
@@ -413,3 +414,10 @@ def test_build_scaler_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         build_scaler("swarm", settings, environ={"PODRACER_SWARM_SERVICE": "podracer_pod-gpu"})
     with pytest.raises(ConfigError, match="choose one of local, swarm, none"):
         build_scaler("k8s", settings)
+
+
+def test_the_swarm_scaler_without_docker_names_the_swarm_extra(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "docker", None)  # what an import finds uninstalled
+    with pytest.raises(MissingExtra, match=r"pip install 'podracer\[swarm\]'"):
+        SwarmScaler("podracer_pod")
