@@ -13,6 +13,7 @@ its own broker namespace (cleaned up afterwards); ``blob_root`` a blob directory
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import inspect
 import os
@@ -24,7 +25,8 @@ from typing import Any
 import pika
 import pika.exceptions
 import pytest
-from required import skip_or_fail
+
+from tests.required import skip_or_fail
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 
@@ -38,10 +40,9 @@ FULL_GATE_ONLY = {
     "ui": "drives a browser",
     "lifecycle/test_resume.py": "interrupts and resumes whole runs",
     "services/test_pod_crash.py": "crashes pod processes",
-    "agents_offpolicy/test_learning.py": "learns Pendulum to a score",
-    "agents_ppo/test_ppo_learning.py": "learns Pendulum to a score",
+    "agents_*/test_*learning.py": "learns Pendulum to a score",
 }
-"""Directories and files (under ``tests/``) left to the full gate, and why."""
+"""Directories and files (under ``tests/``, shell patterns) left to the full gate, and why."""
 NOT_FAST = ("rabbitmq", "mujoco", "slow")
 """Markers that keep a test out of the fast tier wherever it lives."""
 
@@ -53,7 +54,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         where = item.path.resolve().relative_to(TESTS).as_posix()
         if any(item.get_closest_marker(name) for name in NOT_FAST):
             continue
-        if any(where == place or where.startswith(f"{place}/") for place in FULL_GATE_ONLY):
+        if any(fnmatch.fnmatch(where, place) or where.startswith(f"{place}/")
+               for place in FULL_GATE_ONLY):
             continue
         item.add_marker(pytest.mark.fast)
 

@@ -6,10 +6,10 @@ import math
 
 import pytest
 import torch
-from ppo_stub_envs import ScriptedEnv
 
 from agents.evaluator import BestSnapshot, EvalResult, evaluate
 from broker.core.errors import PodracerError
+from tests.agents_ppo.ppo_stub_envs import ScriptedEnv
 
 
 def _zeros(obs: torch.Tensor) -> torch.Tensor:

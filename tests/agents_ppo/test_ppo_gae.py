@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ppo_stub_envs import ScriptedEnv
 
 from agents.ppo import PPOAgent, PPOConfig
 from agents.rollout import finished_returns, gae
+from tests.agents_ppo.ppo_stub_envs import ScriptedEnv
 
 
 def test_gae_matches_hand_computation() -> None:

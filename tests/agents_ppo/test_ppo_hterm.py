@@ -7,7 +7,6 @@ import random
 
 import pytest
 import torch
-from ppo_stub_envs import ScriptedEnv
 
 from agents.base import config_from_hparams
 from agents.hterm import MAX_LOG_DENSITY, HTermMemory, above_average, hterm_loss
@@ -19,6 +18,7 @@ from broker.core.schemas import Checkpoint
 from envs.registry import make_env
 from leaderboard.mutation import fresh_hparams
 from leaderboard.updater import CheckpointValidator
+from tests.agents_ppo.ppo_stub_envs import ScriptedEnv
 
 pytestmark = pytest.mark.timeout(60)
 SMALL = dict(num_envs=16, rollout_steps=8, num_minibatches=2, update_epochs=2, hidden_size=16)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ppo_stub_envs import ScriptedEnv
 
 from agents.base import AlgorithmRegistry, AlgorithmSpec, config_to_hparams
 from agents.build import build_agent
@@ -14,6 +13,7 @@ from agents.registry import default_registry
 from broker.core.errors import ConfigError
 from broker.core.schemas import Budget
 from envs.registry import make_env
+from tests.agents_ppo.ppo_stub_envs import ScriptedEnv
 
 SMALL = PPOConfig(num_envs=8, rollout_steps=4, num_minibatches=2, update_epochs=1,
                   hidden_size=8)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ppo_stub_envs import ScriptedEnv
 
 from agents.base import config_to_hparams
 from agents.build import build_agent
@@ -12,6 +11,7 @@ from agents.ppo import PPOAgent, PPOConfig
 from agents.registry import default_registry
 from broker.core.errors import ConfigError
 from envs.registry import make_env
+from tests.agents_ppo.ppo_stub_envs import ScriptedEnv
 
 SMALL = PPOConfig(num_envs=16, rollout_steps=8, num_minibatches=2, update_epochs=2,
                   hidden_size=16)

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 import torch
-from cli_store import ENV, ROWS, build_store
 
 from broker.core import codec
 from podracer.cli import main
+from tests.cli.cli_store import ENV, ROWS, build_store
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,7 +8,6 @@ from typing import Any
 import gymnasium
 import pytest
 import torch
-from cli_store import ENV, ROWS, build_store, make_agent
 
 import podracer
 from broker.core import codec
@@ -23,6 +22,7 @@ from leaderboard.export import (
     resolve_entry,
 )
 from leaderboard.store import LeaderboardStore
+from tests.cli.cli_store import ENV, ROWS, build_store, make_agent
 
 pytestmark = pytest.mark.timeout(120)
 

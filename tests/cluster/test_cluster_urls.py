@@ -11,13 +11,13 @@ import asyncio
 import socket
 
 import pytest
-from cluster_nodes import Nodes, delete_experiment
 
 from broker.core.errors import ConfigError, ConnectionClosed
 from broker.core.schemas import Budget, Initialization
 from broker.transports.connect import connect
 from broker.transports.sync_client import SyncClient
 from broker.transports.urls import amqp_addresses
+from tests.cluster.cluster_nodes import Nodes, delete_experiment
 
 
 @pytest.mark.parametrize(("url", "expected"), [

@@ -19,7 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from required import skip_or_fail
+
+from tests.required import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"

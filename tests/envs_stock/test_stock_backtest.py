@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from stock_testdata import sp500_path
 
 from agents.base import Scalar
 from agents.build import build_agent
@@ -27,6 +26,7 @@ from envs.stock import (
 )
 from leaderboard.store import LeaderboardStore
 from podracer.cli import main
+from tests.envs_stock.stock_testdata import sp500_path
 
 CLOSE = np.array([[10.0, 20.0], [11.0, 18.0], [12.1, 18.0], [11.0, 21.0]])
 TICKERS = ("AAPL", "JPM", "KO", "XOM")

@@ -7,11 +7,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from stock_testdata import quandl_adj_close, quandl_path, sp500_path
 
 from broker.core.errors import ConfigError, PodracerError
 from envs.base import VecEnv
 from envs.stock import StockEnvConfig, StockTradingEnv, build_features, load_wide_close, make
+from tests.envs_stock.stock_testdata import quandl_adj_close, quandl_path, sp500_path
 
 TICKERS = ("AAPL", "IBM", "MSFT")
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from stock_testdata import quandl_path, sp500_path
 
 from broker.core.errors import ConfigError
 from envs.stock import MarketData, build_features, load_quandl, load_wide_close
 from envs.stock.indicators import cci, ema, macd, parse_indicator, rsi, sma, turbulence
+from tests.envs_stock.stock_testdata import quandl_path, sp500_path
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from stock_testdata import quandl_adj_close, quandl_path, sp500_path
 
 from broker.core.errors import ConfigError
 from envs.stock import (
@@ -18,6 +17,7 @@ from envs.stock import (
     load_wide_close,
     split_by_date,
 )
+from tests.envs_stock.stock_testdata import quandl_adj_close, quandl_path, sp500_path
 
 HEADER = "date,tic,open,high,low,close,volume"
 

@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from stock_testdata import sp500_path
 
 import envs.stock.factory as factory
 from agents.evaluator import evaluate
@@ -25,6 +24,7 @@ from envs.stock import (
     parse_spec,
     phase_env,
 )
+from tests.envs_stock.stock_testdata import sp500_path
 
 WINDOWS = ("train=2016-01-01..2018-05-12&validation=2018-05-13..2019-05-12"
            "&backtest=2019-05-13..2021-05-26")

@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hostile_cases import Case, hostile_bodies, wire_of
-from hostile_rig import MAX_PEAK_BYTES, Rig, make_rig, watch_memory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -30,6 +28,8 @@ from broker.core.schemas import (
     Message,
     Stop,
 )
+from tests.hostile.hostile_cases import Case, hostile_bodies, wire_of
+from tests.hostile.hostile_rig import MAX_PEAK_BYTES, Rig, make_rig, watch_memory
 
 pytestmark = pytest.mark.timeout(120)
 BACKENDS = ["memory", pytest.param("amqp", marks=pytest.mark.rabbitmq)]

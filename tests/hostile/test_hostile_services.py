@@ -19,8 +19,6 @@ from typing import Any
 
 import pytest
 import torch
-from hostile_cases import Case, Tripwire, foreign_initializations, hostile_bodies, packb, wire_of
-from hostile_rig import Rig, make_rig
 
 from agents.build import build_agent
 from agents.pod import service as pod_service
@@ -34,6 +32,15 @@ from envs.registry import make_env
 from leaderboard import generator as generator_service
 from leaderboard import updater as updater_service
 from leaderboard.store import LeaderboardStore
+from tests.hostile.hostile_cases import (
+    Case,
+    Tripwire,
+    foreign_initializations,
+    hostile_bodies,
+    packb,
+    wire_of,
+)
+from tests.hostile.hostile_rig import Rig, make_rig
 
 pytestmark = pytest.mark.timeout(180)
 ENV = "torch/Pendulum-v1"

@@ -1,6 +1,6 @@
 """The blob store never reads or writes outside its root, and never hangs on a planted file.
 
-Complements tests/broker_core/test_core_blobstore.py (invalid digests, a symlinked
+Complements tests/broker_core/test_blobstore.py (invalid digests, a symlinked
 shard, ``exists`` on a symlinked blob) with the other ways out: ``get`` and ``put``
 through a symlinked blob, relative and chained links, loops, FIFOs, directories, and
 the same attacks through a claim-checked message.
