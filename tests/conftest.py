@@ -41,8 +41,11 @@ FULL_GATE_ONLY = {
     "lifecycle/test_resume.py": "interrupts and resumes whole runs",
     "services/test_pod_crash.py": "crashes pod processes",
     "agents_*/test_*learning.py": "learns Pendulum to a score",
+    "lifecycle/test_resume_units.py::test_embedded_run_resumes_its_lineages":
+        "a whole embedded run, interrupted and resumed (70 s)",
 }
-"""Directories and files (under ``tests/``, shell patterns) left to the full gate, and why."""
+"""Directories, files and tests (``dir/file.py::test``) under ``tests/`` left to the full
+gate, and why; files and tests are shell patterns."""
 NOT_FAST = ("rabbitmq", "mujoco", "slow")
 """Markers that keep a test out of the fast tier wherever it lives."""
 
@@ -52,10 +55,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``fast`` every test outside ``FULL_GATE_ONLY`` without a ``NOT_FAST`` marker."""
     for item in items:
         where = item.path.resolve().relative_to(TESTS).as_posix()
+        test = f"{where}::{getattr(item, 'originalname', item.name)}"
         if any(item.get_closest_marker(name) for name in NOT_FAST):
             continue
-        if any(fnmatch.fnmatch(where, place) or where.startswith(f"{place}/")
-               for place in FULL_GATE_ONLY):
+        if any(where.startswith(f"{place}/") or fnmatch.fnmatch(where, place)
+               or fnmatch.fnmatch(test, place) for place in FULL_GATE_ONLY):
             continue
         item.add_marker(pytest.mark.fast)
 
