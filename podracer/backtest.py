@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.core.errors import ConfigError
+from broker.core.extras import require
 from envs.stock.backtest import run_policy
 from podracer.backtest_market import (
     METRICS,
@@ -62,6 +63,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     from podracer.inspect_cli import open_store
 
     device = args.device or os.environ.get("PODRACER_DEVICE") or "cpu"
+    require("matplotlib", extra="viz", purpose="the backtest charts")  # before the long part
     if args.path and args.store:
         raise ConfigError("PATH", "give either a policy file or --store, not both",
                           "drop PATH or --store")

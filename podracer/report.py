@@ -43,6 +43,8 @@ class Summary:
     checkpoints: int
     best_score: float | None
     best_id: str | None
+    charts: tuple[Path, ...] = ()
+    """The PNGs drawn (none without checkpoints or without the ``viz`` extra)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,13 +286,15 @@ def write_report(out: Path, started_wall: float, *, target: float | None = None)
     with LeaderboardStore(out) as store:
         entries = store.entries()
         best = store.best()
+    charts: list[Path] = []
     if entries:
         try:
-            draw(entries, out, started_wall, target)
+            charts = draw(entries, out, started_wall, target)
         except MissingExtra as exc:
             print(f"podracer: no charts drawn: {exc}; then `podracer report --store {out}`",
                   flush=True)
-    return Summary(len(entries), best.score_mean if best else None, best.id if best else None)
+    return Summary(len(entries), best.score_mean if best else None, best.id if best else None,
+                   tuple(charts))
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -52,6 +52,7 @@ def test_write_report_draws_both_charts_and_returns_the_summary(tmp_path: Path) 
     _tournament(tmp_path)
     summary = write_report(tmp_path, started_wall=T0 - 2.0, target=-250.0)
     assert (summary.checkpoints, summary.best_score, summary.best_id) == (3, -200.0, "a1")
+    assert summary.charts == (tmp_path / "tournament.png", tmp_path / "throughput.png")
     for name in ("tournament.png", "throughput.png"):
         width, height = _png_size(tmp_path / name)
         assert 800 <= width <= 2000 and 400 <= height <= 1200, (name, width, height)
@@ -136,7 +137,7 @@ def test_without_matplotlib_the_run_ends_well_and_says_how_to_get_the_charts(
     _tournament(tmp_path)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an import finds uninstalled
     summary = write_report(tmp_path, started_wall=T0 - 2.0)
-    assert (summary.checkpoints, summary.best_id) == (3, "a1")
+    assert (summary.checkpoints, summary.best_id, summary.charts) == (3, "a1", ())
     assert not (tmp_path / "tournament.png").exists()
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1 and "pip install 'podracer[viz]'" in lines[0], lines

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -198,3 +199,13 @@ def test_backtest_errors_name_the_flag(store: Path, tmp_path: Path, argv: list[s
     args = [a.format(store=store, tickers5=five) for a in argv]
     assert main(args) == 2
     assert f"podracer: error: {field}:" in capsys.readouterr().err
+
+
+def test_backtest_without_matplotlib_names_the_viz_extra_before_any_work(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an import finds uninstalled
+    assert main(["backtest", str(tmp_path / "absent.podracer")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("podracer: error: matplotlib: not installed, needed for the backtest charts "
+                   "(pip install 'podracer[viz]')")
