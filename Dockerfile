@@ -34,7 +34,9 @@ COPY leaderboard ./leaderboard
 COPY envs ./envs
 COPY podracer ./podracer
 COPY examples ./examples
-RUN pip install ".[mujoco]"
+# swarm: the orchestrator scales Swarm services; gpu: it counts GPUs. The charts and
+# TensorBoard (viz) are drawn where `podracer train` or `report` runs, not in a service.
+RUN pip install ".[mujoco,swarm,gpu]"
 
 RUN useradd --create-home --uid 1000 podracer && mkdir -p /data && chown podracer /data
 USER podracer

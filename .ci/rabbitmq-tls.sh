@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Give the local RabbitMQ an amqps:// listener on 127.0.0.1:5671 with a self-signed CA,
-# for tests/security/test_security_tls.py. Idempotent; safe to run while tests use 5672.
+# for tests/security/test_tls.py. Idempotent; safe to run while tests use 5672.
 #
 #   .ci/rabbitmq-tls.sh            # certs + config lines + live listener (no restart)
 #   .ci/rabbitmq-tls.sh --restart  # same, then restart RabbitMQ to prove the config loads

@@ -153,7 +153,7 @@ async def _stand_in(transport: Any, name: str, template: dict[str, torch.Tensor]
             t0 = loop.time()
             try:
                 delivery = await asyncio.wait_for(anext(items), end_at - t0)
-            except (TimeoutError, asyncio.TimeoutError):
+            except TimeoutError:
                 if not first:
                     stats.wait += loop.time() - t0
                 break

@@ -52,7 +52,7 @@ from broker.core.schemas import Budget
 from broker.core.settings import read_experiment, settings_from_env
 from envs.registry import make_env
 from envs.stock.backtest import run_policy
-from podracer.backtest import METRICS, baselines, curve, market
+from podracer.backtest_market import METRICS, baselines, curve, market
 
 EXPERIMENT = Path("examples/stock_sp20.toml")
 OUT = Path("runs/bench-stock")

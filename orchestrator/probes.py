@@ -1,24 +1,30 @@
 """What a node has and how busy it is: CPU and memory from psutil, GPUs from NVML.
 
-A machine without an NVIDIA driver (or without ``pynvml``) simply reports no GPUs,
-logged once at debug level: CPU-only nodes are a normal deployment, not an error.
+A machine without an NVIDIA driver simply reports no GPUs, logged once at debug level:
+CPU-only nodes are a normal deployment, not an error. A machine with the driver but
+without ``pynvml`` (the ``gpu`` extra, ``nvidia-ml-py``) reports no GPUs too, but says
+so in one warning naming the extra: its GPUs would otherwise go uncounted in silence.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 import socket
 from collections.abc import Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
 import psutil
 
 from broker.core.errors import ConfigError
+from broker.core.extras import MissingExtra, require
 
 log = logging.getLogger(__name__)
+
+NVIDIA_DRIVER = "/proc/driver/nvidia/version"
+"""Present on a Linux machine whose NVIDIA kernel driver is loaded."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +68,17 @@ class Probe(Protocol):
         ...
 
 
+def _import_nvml() -> Any:
+    """``pynvml``; its absence beside an NVIDIA driver is worth a warning, not only a
+    debug line (the ``ImportError`` still means "no GPUs" to the caller)."""
+    try:
+        return require("pynvml", extra="gpu", purpose="counting this node's GPUs")
+    except MissingExtra as exc:
+        if Path(NVIDIA_DRIVER).exists():
+            log.warning("NVIDIA driver found, GPUs not counted: %s", exc)
+        raise ImportError(str(exc)) from None
+
+
 class NodeProbe:
     """The local machine through psutil and NVML (``import pynvml``).
 
@@ -81,7 +98,7 @@ class NodeProbe:
     def _init_nvml(nvml: Any | None) -> Any | None:
         try:
             if nvml is None:
-                nvml = importlib.import_module("pynvml")
+                nvml = _import_nvml()
             nvml.nvmlInit()
         except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, DriverNotLoaded...
             log.debug("no GPUs visible through NVML (%s: %s)", type(exc).__name__, exc)

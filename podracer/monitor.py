@@ -3,9 +3,11 @@
 ``Monitor.follow(transport)`` subscribes to every event of the experiment and keeps
 the best score, the top 3, the pods alive (a heartbeat in the last ``ALIVE_S``
 seconds), their throughput, and the stop reason. On a terminal it shows one live
-panel (``rich``), redrawn in place; elsewhere (a pipe, a CI log) it prints one progress
-line every ``PRINT_S`` seconds. It writes TensorBoard scalars (``leaderboard/best``
-over total env steps and wall time; each pod's metrics over its env steps).
+panel (``rich``), redrawn in place; elsewhere (a pipe, a CI log, or without the ``viz``
+extra) it prints one progress line every ``PRINT_S`` seconds. It writes TensorBoard
+scalars (``leaderboard/best`` over total env steps and wall time; each pod's metrics
+over its env steps). Without the ``viz`` extra, one line says what is left out and how
+to get it; the run itself needs none of it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.core.experiment import Experiment
+from broker.core.extras import importable
 from broker.core.schemas import Heartbeat, LeaderboardChanged, Message, Metrics, Stop
 from broker.transports.base import Transport
 
@@ -38,11 +41,14 @@ class Monitor:
         self.echo = echo
         self.top: list[tuple[str, float]] = []
         self._live: Any = None
-        if echo and (sys.stdout.isatty() if live is None else live):
-            from rich.live import Live
-
-            self._live = Live(self.panel(), refresh_per_second=2, transient=False)
-            self._live.start()
+        panel = echo and (sys.stdout.isatty() if live is None else live)
+        lacking = [what for module, what, wanted in (
+            ("rich", "live panel (progress comes as lines)", panel),
+            ("tensorboard", "TensorBoard files", tb_dir is not None))
+            if wanted and not importable(module)]
+        if lacking:
+            print(f"podracer: without the viz extra, no {' and no '.join(lacking)}; "
+                  "pip install 'podracer[viz]' for them", flush=True)
         self.started = time.monotonic()
         self.started_wall = time.time()
         self.best_score: float | None = None
@@ -54,13 +60,15 @@ class Monitor:
         self._pod_steps: dict[str, int] = {}
         self._last_print = 0.0
         self._writer: Any = None
-        if tb_dir is not None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # tensorboard missing: progress lines still work
-                log.warning("tensorboard is not installed; no event files written")
-            else:
-                self._writer = SummaryWriter(str(tb_dir))
+        if tb_dir is not None and importable("tensorboard"):
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(str(tb_dir))
+        if panel and importable("rich"):
+            from rich.live import Live
+
+            self._live = Live(self.panel(), refresh_per_second=2, transient=False)
+            self._live.start()
 
     def pods_alive(self) -> int:
         """Pods that sent a heartbeat in the last ``ALIVE_S`` seconds."""

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.core.errors import ConfigError
+from broker.core.extras import MissingExtra, require
 from leaderboard.store import Entry, LeaderboardStore
 
 PALETTE = {"ppo": "tab:blue", "sac": "tab:orange", "td3": "tab:green", "ddpg": "tab:purple",
@@ -42,6 +43,8 @@ class Summary:
     checkpoints: int
     best_score: float | None
     best_id: str | None
+    charts: tuple[Path, ...] = ()
+    """The PNGs drawn (none without checkpoints or without the ``viz`` extra)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,9 +144,9 @@ def _n(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def _pyplot() -> Any:
-    import matplotlib
-
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` drawing to files (Agg); ``MissingExtra`` names the extra."""
+    matplotlib = require("matplotlib", extra="viz", purpose="the charts")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -153,7 +156,7 @@ def _pyplot() -> Any:
 def plot_tournament(entries: list[Entry], start: float, path: Path,
                     target: float | None = None) -> None:
     """Draw ``tournament.png`` (see the module doc) to ``path``."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.lines import Line2D
 
     colour = colours(sorted({e.algorithm for e in entries}))
@@ -206,7 +209,7 @@ def plot_tournament(entries: list[Entry], start: float, path: Path,
 
 def plot_throughput(entries: list[Entry], start: float, path: Path) -> None:
     """Draw ``throughput.png`` (see the module doc) to ``path``."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.ticker import EngFormatter, MaxNLocator
 
     algorithms = sorted({e.algorithm for e in entries})
@@ -276,14 +279,22 @@ def write_report(out: Path, started_wall: float, *, target: float | None = None)
     """Write ``out/tournament.png`` and ``out/throughput.png`` from ``out``'s store.
 
     ``started_wall`` (epoch seconds) is time zero of both charts; ``target`` is drawn as
-    a dashed line. Returns what the store holds.
+    a dashed line. Returns what the store holds. Without matplotlib (the ``viz`` extra)
+    the run still ends well: one line says how to get the charts, and
+    ``podracer report`` draws them later from the same store.
     """
     with LeaderboardStore(out) as store:
         entries = store.entries()
         best = store.best()
+    charts: list[Path] = []
     if entries:
-        draw(entries, out, started_wall, target)
-    return Summary(len(entries), best.score_mean if best else None, best.id if best else None)
+        try:
+            charts = draw(entries, out, started_wall, target)
+        except MissingExtra as exc:
+            print(f"podracer: no charts drawn: {exc}; then `podracer report --store {out}`",
+                  flush=True)
+    return Summary(len(entries), best.score_mean if best else None, best.id if best else None,
+                   tuple(charts))
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -131,7 +131,7 @@ async def listen_heartbeats(broker: str, experiment: str, seconds: float
             while (left := deadline - loop.time()) > 0:
                 try:
                     event = await asyncio.wait_for(anext(iterator), left)
-                except (asyncio.TimeoutError, StopAsyncIteration):
+                except (TimeoutError, StopAsyncIteration):
                     break
                 if isinstance(event, Heartbeat):
                     beats[event.pod] = (time.monotonic(), event)

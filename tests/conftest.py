@@ -1,4 +1,9 @@
-"""Shared fixtures: the RabbitMQ url for tests marked ``rabbitmq``.
+"""Shared fixtures: the RabbitMQ url for tests marked ``rabbitmq``; the fast tier.
+
+The fast tier (``python -m pytest -m fast``, the edit-test loop) is every test that
+needs no broker, no simulator beyond torch, no browser, no cluster and no end-to-end
+run: ``pytest_collection_modifyitems`` marks it ``fast`` from the test's markers and
+its place (``FULL_GATE_ONLY``). The README's ``python -m pytest`` stays the full gate.
 
 Such tests skip when no broker answers, unless ``PODRACER_REQUIRE_RABBITMQ=1``
 (CI), where an unreachable broker fails them instead (``required.skip_or_fail``; the
@@ -8,6 +13,7 @@ its own broker namespace (cleaned up afterwards); ``blob_root`` a blob directory
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import inspect
 import os
@@ -19,9 +25,43 @@ from typing import Any
 import pika
 import pika.exceptions
 import pytest
-from required import skip_or_fail
+
+from tests.required import skip_or_fail
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+TESTS = Path(__file__).resolve().parent
+FULL_GATE_ONLY = {
+    "cluster": "starts a 3-node RabbitMQ cluster",
+    "docs": "builds the docs and runs the documented trainings",
+    "hostile": "floods the services with hostile messages",
+    "integration": "end-to-end tournaments",
+    "reliability": "kills pods, services and brokers",
+    "ui": "drives a browser",
+    "lifecycle/test_resume.py": "interrupts and resumes whole runs",
+    "services/test_pod_crash.py": "crashes pod processes",
+    "agents_*/test_*learning.py": "learns Pendulum to a score",
+    "lifecycle/test_resume_units.py::test_embedded_run_resumes_its_lineages":
+        "a whole embedded run, interrupted and resumed (70 s)",
+}
+"""Directories, files and tests (``dir/file.py::test``) under ``tests/`` left to the full
+gate, and why; files and tests are shell patterns."""
+NOT_FAST = ("rabbitmq", "mujoco", "slow")
+"""Markers that keep a test out of the fast tier wherever it lives."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects on the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``fast`` every test outside ``FULL_GATE_ONLY`` without a ``NOT_FAST`` marker."""
+    for item in items:
+        where = item.path.resolve().relative_to(TESTS).as_posix()
+        test = f"{where}::{getattr(item, 'originalname', item.name)}"
+        if any(item.get_closest_marker(name) for name in NOT_FAST):
+            continue
+        if any(where.startswith(f"{place}/") or fnmatch.fnmatch(where, place)
+               or fnmatch.fnmatch(test, place) for place in FULL_GATE_ONLY):
+            continue
+        item.add_marker(pytest.mark.fast)
 
 
 @pytest.fixture(scope="session")

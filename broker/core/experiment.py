@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import sys
+import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -19,11 +19,6 @@ from typing import Any
 from broker.core.errors import ConfigError
 from broker.core.schemas import Budget, Scalar
 from broker.core.toml_table import Table
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
 
 Check = Callable[["Experiment"], None]
 """Validates an experiment against the program's registries; raises ``ConfigError``."""

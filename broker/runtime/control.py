@@ -37,7 +37,7 @@ async def drain_until_idle(ctx: ServiceContext[Any], items: AsyncIterator[T],
         done = settled is not None and settled.is_set()
         try:
             item = await asyncio.wait_for(anext(items), timeout=0.05 if done else 0.5)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if ctx.stopping.is_set():
                 if done:
                     return
@@ -55,6 +55,6 @@ async def sleep_or_stop(ctx: ServiceContext[Any], seconds: float) -> bool:
     """Sleep ``seconds`` unless the service is stopping; True when it is."""
     try:
         await asyncio.wait_for(ctx.stopping.wait(), seconds)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return False
     return True

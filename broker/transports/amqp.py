@@ -16,13 +16,11 @@ Choices worth knowing:
   connection is up; if it stays gone for ``cancel_grace`` seconds the iterator raises
   ``ConnectionClosed`` so the service exits and its supervisor restarts it: never a
   silent stall.
-- Deliveries and the iterators over them live in ``broker.transports.amqp_inbox``: deliveries
-  received on a channel that has since closed are dropped (the broker redelivers them);
-  settling one logs a warning instead of raising.
-- aio-pika / aiormq exceptions (``broker.transports.amqp_inbox.BROKER_ERRORS``) never leave this
-  module or ``broker.transports.amqp_inbox``: they are translated into
-  ``broker.core.errors`` (or, when
-  settling a delivery, logged).
+- Deliveries and their iterators live in ``broker.transports.amqp_inbox``: those
+  received on a channel that has since closed are dropped (the broker redelivers them).
+- aio-pika / aiormq exceptions (``broker.transports.amqp_inbox.BROKER_ERRORS``) never
+  leave this module, ``amqp_inbox`` or ``amqp_queues`` (depth, purge, dead letters):
+  they become ``broker.core.errors`` (or, when settling a delivery, a log line).
 - ``reject`` cannot add headers with ``basic.reject``, so a refused message is
   *published* to the ``dlx`` exchange (same body and properties, plus the
   ``x-podracer-*`` headers of ``broker.transports.base``) on the confirm channel, and only
@@ -54,7 +52,6 @@ from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import aio_pika
-import aiormq
 from aio_pika.abc import (
     AbstractIncomingMessage,
     AbstractRobustChannel,
@@ -66,6 +63,7 @@ from broker.core.errors import ConfigError, ConnectionClosed, PublishError
 from broker.core.messages import DEFAULT_INLINE_LIMIT
 from broker.core.schemas import Message
 from broker.core.topology import DEAD_QUEUE_ARGS, WORK_QUEUES, Topology
+from broker.transports import amqp_queues
 from broker.transports.amqp_failover import CONNECT_ERRORS, connect_failover
 from broker.transports.amqp_inbox import (
     BROKER_ERRORS,
@@ -73,10 +71,10 @@ from broker.transports.amqp_inbox import (
     AmqpEvents,
     EventInbox,
     InboxItem,
+    dead_letter_copy,
     watch_consumer,
 )
 from broker.transports.base import (
-    BROKER_DEATH_HEADERS,
     DEFAULT_PUBLISH_TRIES,
     SUBSCRIBER_BACKLOG,
     DeadLetterInfo,
@@ -84,8 +82,6 @@ from broker.transports.base import (
     check_pattern,
     check_prefetch,
     check_queue,
-    dead_letter_headers,
-    describe_dead,
     encode,
     process_id,
     process_role,
@@ -228,7 +224,7 @@ class AmqpTransport:
         outgoing = aio_pika.Message(
             body, content_type=content_type, delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             message_id=msg.id, type=msg.KIND, app_id="podracer",
-            timestamp=datetime.datetime.fromtimestamp(msg.created, tz=datetime.timezone.utc),
+            timestamp=datetime.datetime.fromtimestamp(msg.created, tz=datetime.UTC),
         )
         last: BaseException | None = None
         for attempt in range(self.publish_tries):
@@ -305,16 +301,7 @@ class AmqpTransport:
     async def dead_letter(self, raw: AbstractIncomingMessage, reason: str) -> None:
         """Publish ``raw`` to its dead-letter queue with the ``x-podracer-*`` headers,
         confirmed, then ack it; if the publish fails, nack it back to its queue."""
-        short = (raw.routing_key or "").removeprefix(self._topology.prefix + ".")
-        if short not in WORK_QUEUES:  # redelivered from a requeue: the key is still ours
-            short = "updater" if (raw.type or "") == "checkpoint" else "generator"
-        kept = {k: v for k, v in (raw.headers or {}).items() if k not in BROKER_DEATH_HEADERS}
-        headers = {**kept, **dead_letter_headers(self.service, reason, short)}
-        copy = aio_pika.Message(
-            raw.body, headers=headers, content_type=raw.content_type,
-            content_encoding=raw.content_encoding, message_id=raw.message_id, type=raw.type,
-            app_id=raw.app_id, timestamp=raw.timestamp, correlation_id=raw.correlation_id,
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+        short, copy = dead_letter_copy(raw, self._topology, self.service, reason)
         try:
             channel = await self._publisher()
             dlx = await channel.get_exchange(self._topology.dlx, ensure=False)
@@ -330,57 +317,17 @@ class AmqpTransport:
     async def purge(self, queue: str) -> int:
         """Drop the ready messages of ``queue`` (0 if it does not exist)."""
         check_queue(queue)
-        try:
-            channel = await self._side_channel()
-            try:
-                found = await channel.declare_queue(self._full(queue), passive=True,
-                                                    robust=False)
-                result = await found.purge()
-            except aiormq.exceptions.ChannelNotFoundEntity:
-                return 0
-            finally:
-                with suppress(*BROKER_ERRORS):
-                    await channel.close()
-        except BROKER_ERRORS as exc:
-            raise ConnectionClosed(f"purge({queue}) failed: {exc or type(exc).__name__}"
-                                   ) from None
-        return int(getattr(result, "message_count", 0) or 0)
+        return await amqp_queues.purge(await self._publish_connection(), self._full(queue))
 
     async def peek_dead(self, queue: str, limit: int = 100) -> list[DeadLetterInfo]:
-        """Up to ``limit`` dead letters of ``queue``: fetched unacked, then all nacked
-        back (the dead-letter queue is classic: a requeue keeps order and counts nothing)."""
+        """Up to ``limit`` dead letters of ``queue``, left where they are."""
         dead = self._topology.dead(queue.removesuffix(".dead"))
-        found: list[DeadLetterInfo] = []
-        try:
-            channel = await self._side_channel()
-            try:
-                amqp_queue = await channel.declare_queue(dead, passive=True, robust=False)
-                last: AbstractIncomingMessage | None = None
-                for _ in range(limit):
-                    raw = await amqp_queue.get(no_ack=False, fail=False)
-                    if raw is None:
-                        break
-                    last = raw
-                    found.append(describe_dead(raw.message_id, raw.type, raw.headers))
-                if last is not None:
-                    await last.nack(multiple=True, requeue=True)
-            except aiormq.exceptions.ChannelNotFoundEntity:
-                return []
-            finally:
-                with suppress(*BROKER_ERRORS):
-                    await channel.close()
-        except BROKER_ERRORS as exc:
-            raise ConnectionClosed(f"peek_dead({queue}) failed: {exc or type(exc).__name__}"
-                                   ) from None
-        return found
+        return await amqp_queues.peek_dead(await self._publish_connection(), dead, limit)
 
-    async def _side_channel(self) -> Any:
-        """A short-lived plain channel on the publish connection (a 404 closes only it)."""
+    async def _publish_connection(self) -> AbstractRobustConnection:
         await self._publisher()
         assert self._publish_conn is not None
-        channel = self._publish_conn.channel(publisher_confirms=False)
-        await channel.initialize()
-        return channel
+        return self._publish_conn
 
     # ------------------------------------------------------------ events
 
@@ -425,24 +372,8 @@ class AmqpTransport:
     async def queue_depth(self, queue: str) -> tuple[int, int]:
         """``(ready messages, consumers)`` of ``queue``; ``(0, 0)`` if it does not exist."""
         check_queue(queue)
-        await self._publisher()
-        assert self._publish_conn is not None
-        try:
-            channel = self._publish_conn.channel(publisher_confirms=False)
-            await channel.initialize()
-            try:
-                found = await channel.declare_queue(self._full(queue), passive=True,
-                                                    robust=False)
-            except aiormq.exceptions.ChannelNotFoundEntity:
-                return 0, 0
-            finally:
-                with suppress(*BROKER_ERRORS):
-                    await channel.close()
-        except BROKER_ERRORS as exc:
-            raise ConnectionClosed(f"queue_depth({queue}) failed: "
-                                   f"{exc or type(exc).__name__}") from None
-        result = found.declaration_result
-        return int(result.message_count or 0), int(result.consumer_count or 0)
+        return await amqp_queues.queue_depth(await self._publish_connection(),
+                                             self._full(queue))
 
     async def close(self) -> None:
         """Close both connections; consumers stop, unsettled deliveries are requeued."""

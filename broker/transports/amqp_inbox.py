@@ -8,6 +8,7 @@ decode, and hand out :class:`AmqpDelivery` objects (work queues) or messages (ev
 - Deliveries received on a channel that has since closed are dropped (the broker
   redelivers them); settling one whose channel died logs a warning instead of raising.
 - Acking a claim-checked delivery deletes its blob (a dead-lettered one keeps it).
+  :func:`dead_letter_copy` is what the transport publishes to refuse one.
 - Undecodable work messages are dead-lettered, undecodable events dropped, each with
   one warning line.
 - A subscription's inbox is an :class:`EventInbox`: bounded like the server-side queue
@@ -29,13 +30,20 @@ from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
+import aio_pika
 import aiormq
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
 
 from broker.core.errors import ConnectionClosed, MessageError
 from broker.core.messages import CLAIM_CONTENT_TYPE, claim_of
 from broker.core.schemas import Message
-from broker.transports.base import Delivery, decode
+from broker.core.topology import WORK_QUEUES, Topology
+from broker.transports.base import (
+    BROKER_DEATH_HEADERS,
+    Delivery,
+    dead_letter_headers,
+    decode,
+)
 
 if TYPE_CHECKING:
     from broker.core.blobstore import BlobStore
@@ -217,6 +225,22 @@ class EventInbox(asyncio.Queue[InboxItem]):
         if self.dropped == 1 or self.dropped % self.WARN_EVERY == 0:
             log.warning("%s: reader behind by %d events; dropped the oldest (%d so far)",
                         self.name, self.maxsize, self.dropped)
+
+
+def dead_letter_copy(raw: AbstractIncomingMessage, topology: Topology, service: str,
+                     reason: str) -> tuple[str, aio_pika.Message]:
+    """The work queue ``raw`` came from, and the copy to publish to its dead-letter queue:
+    same body and properties, the ``x-podracer-*`` headers in place of the broker's own."""
+    short = (raw.routing_key or "").removeprefix(topology.prefix + ".")
+    if short not in WORK_QUEUES:  # redelivered from a requeue: the key is still ours
+        short = "updater" if (raw.type or "") == "checkpoint" else "generator"
+    kept = {k: v for k, v in (raw.headers or {}).items() if k not in BROKER_DEATH_HEADERS}
+    headers = {**kept, **dead_letter_headers(service, reason, short)}
+    return short, aio_pika.Message(
+        raw.body, headers=headers, content_type=raw.content_type,
+        content_encoding=raw.content_encoding, message_id=raw.message_id, type=raw.type,
+        app_id=raw.app_id, timestamp=raw.timestamp, correlation_id=raw.correlation_id,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
 
 
 def _is_event(item: InboxItem) -> bool:

@@ -136,7 +136,7 @@ def dead_letter_headers(service: str, reason: str, queue: str,
                         at: float | None = None) -> dict[str, str]:
     """The ``x-podracer-*`` headers of a message refused by ``service`` from ``queue``."""
     when = datetime.datetime.fromtimestamp(
-        at if at is not None else datetime.datetime.now().timestamp(), tz=datetime.timezone.utc)
+        at if at is not None else datetime.datetime.now().timestamp(), tz=datetime.UTC)
     return {HEADER_SERVICE: service, HEADER_REASON: reason, HEADER_QUEUE: queue,
             HEADER_TIME: when.isoformat(timespec="seconds").replace("+00:00", "Z")}
 

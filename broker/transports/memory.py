@@ -1,9 +1,10 @@
 """In-process transport with RabbitMQ's semantics, for unit tests and single-process runs.
 
-A :class:`MemoryBroker` is the hub (the "server"): pass the same instance to every
-``connect("memory://", memory=hub)`` that should see each other's messages. It holds
-no global state, so tests stay isolated. Messages are encoded with the real codec
-(``broker.core.messages``), so memory mode exercises the wire format and the claim check.
+A :class:`MemoryBroker` (``broker.transports.memory_hub``) is the hub, the "server":
+pass the same instance to every ``connect("memory://", memory=hub)`` that should see
+each other's messages. It holds no global state, so tests stay isolated. Messages are
+encoded with the real codec (``broker.core.messages``), so memory mode exercises the
+wire format and the claim check.
 
 Semantics mirrored from the AMQP transport: FIFO per queue, prefetch, ack, nack with
 requeue (redelivered, counted; past ``DELIVERY_LIMIT`` returns the message is
@@ -16,10 +17,8 @@ Everything is single event loop: use one hub from one loop.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -29,7 +28,6 @@ from broker.core.messages import DEFAULT_INLINE_LIMIT
 from broker.core.schemas import Message
 from broker.core.topology import DELIVERY_LIMIT, WORK_QUEUES, Topology
 from broker.transports.base import (
-    SUBSCRIBER_BACKLOG,
     DeadLetterInfo,
     Delivery,
     check_pattern,
@@ -40,8 +38,10 @@ from broker.transports.base import (
     describe_dead,
     encode,
     service_label,
-    topic_matches,
 )
+from broker.transports.memory_hub import Envelope, HubQueue, MemoryBroker
+
+__all__ = ["MemoryBroker", "MemoryDelivery", "MemoryTransport"]
 
 if TYPE_CHECKING:
     from broker.core.blobstore import BlobStore
@@ -49,87 +49,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
 
-@dataclasses.dataclass
-class _Envelope:
-    """A message as stored in a queue: wire bytes plus broker bookkeeping."""
-
-    body: bytes
-    content_type: str
-    message_id: str
-    kind: str | None = None
-    returns: int = 0  # times it came back (nack-requeue, consumer gone)
-    delivered: bool = False
-    headers: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-class _Queue:
-    """One queue of the hub: ready messages and the live consumer count."""
-
-    def __init__(self, name: str, dead: str | None) -> None:
-        self.name = name
-        self.dead = dead  # full name of the dead-letter queue, None for a dead queue
-        self.ready: deque[_Envelope] = deque()
-        self.consumers = 0
-        self.changed = asyncio.Condition()
-
-
-class MemoryBroker:
-    """The in-process hub shared by memory transports (one per test or process)."""
-
-    def __init__(self) -> None:
-        self._queues: dict[str, _Queue] = {}
-        self._subscribers: list[tuple[str, tuple[str, ...], asyncio.Queue[_Envelope | None]]] = []
-
-    def queue(self, name: str, dead: str | None = None) -> _Queue:
-        """The queue ``name`` (full name), created on first use."""
-        if name not in self._queues:
-            self._queues[name] = _Queue(name, dead)
-        return self._queues[name]
-
-    async def put(self, name: str, envelope: _Envelope, *, front: bool = False) -> None:
-        """Enqueue ``envelope`` on queue ``name`` and wake its consumers."""
-        queue = self.queue(name)
-        async with queue.changed:
-            if front:
-                queue.ready.appendleft(envelope)
-            else:
-                queue.ready.append(envelope)
-            queue.changed.notify_all()
-
-    async def dead_letter(self, queue: _Queue, envelope: _Envelope,
-                          headers: dict[str, Any]) -> None:
-        """Move ``envelope`` to the dead-letter queue of ``queue`` with ``headers`` added
-        (dropped if it has none)."""
-        if queue.dead is not None:
-            await self.put(queue.dead, _Envelope(envelope.body, envelope.content_type,
-                                                 envelope.message_id, envelope.kind,
-                                                 headers={**envelope.headers, **headers}))
-
-    def fan_out(self, exchange: str, routing_key: str, envelope: _Envelope) -> None:
-        """Deliver an event to every subscriber of ``exchange`` whose pattern matches."""
-        for bound, patterns, inbox in self._subscribers:
-            if bound == exchange and any(topic_matches(p, routing_key) for p in patterns):
-                if inbox.full():  # best effort, like x-max-length with drop-head
-                    inbox.get_nowait()
-                inbox.put_nowait(envelope)
-
-    def add_subscriber(
-        self, exchange: str, patterns: tuple[str, ...]
-    ) -> asyncio.Queue[_Envelope | None]:
-        """Register a subscriber; returns its inbox."""
-        inbox: asyncio.Queue[_Envelope | None] = asyncio.Queue(SUBSCRIBER_BACKLOG)
-        self._subscribers.append((exchange, patterns, inbox))
-        return inbox
-
-    def remove_subscriber(self, inbox: asyncio.Queue[_Envelope | None]) -> None:
-        """Forget the subscriber whose inbox is ``inbox``."""
-        self._subscribers = [s for s in self._subscribers if s[2] is not inbox]
-
-
 class MemoryDelivery(Generic[M]):
     """A delivery from a memory queue; settle it exactly once."""
 
-    def __init__(self, consumer: _Consumer, envelope: _Envelope, message: M) -> None:
+    def __init__(self, consumer: _Consumer, envelope: Envelope, message: M) -> None:
         self._consumer = consumer
         self._envelope = envelope
         self._message = message
@@ -164,7 +87,7 @@ class MemoryDelivery(Generic[M]):
 class _Consumer:
     """One consumer of a memory queue: pulls while it has fewer than ``prefetch`` unsettled."""
 
-    def __init__(self, transport: MemoryTransport, queue: _Queue, prefetch: int,
+    def __init__(self, transport: MemoryTransport, queue: HubQueue, prefetch: int,
                  expect: type[Message]) -> None:
         self.transport = transport
         self.queue = queue
@@ -220,7 +143,7 @@ class _Consumer:
         async with self.queue.changed:
             self.queue.changed.notify_all()
 
-    async def _return(self, envelope: _Envelope) -> None:
+    async def _return(self, envelope: Envelope) -> None:
         envelope.returns += 1
         if self.queue.dead is not None and envelope.returns > DELIVERY_LIMIT:
             log.warning("dead-lettered message %r from %s: delivery limit %d reached",
@@ -259,7 +182,7 @@ class _Deliveries(Generic[M]):
 class _Events:
     """Async iterator over a subscriber inbox; undecodable events are dropped (logged)."""
 
-    def __init__(self, inbox: asyncio.Queue[_Envelope | None], blobs: BlobStore | None,
+    def __init__(self, inbox: asyncio.Queue[Envelope | None], blobs: BlobStore | None,
                  experiment: str) -> None:
         self._inbox = inbox
         self._blobs = blobs
@@ -293,7 +216,7 @@ class MemoryTransport:
         self._topology = Topology(experiment)
         self.closed = False
         self._consumers: set[_Consumer] = set()
-        self._inboxes: set[asyncio.Queue[_Envelope | None]] = set()
+        self._inboxes: set[asyncio.Queue[Envelope | None]] = set()
 
     @property
     def topology(self) -> Topology:
@@ -303,7 +226,7 @@ class MemoryTransport:
     def _full(self, queue: str) -> str:
         return f"{self._topology.prefix}.{queue}"
 
-    def refused(self, queue: _Queue, reason: object) -> dict[str, Any]:
+    def refused(self, queue: HubQueue, reason: object) -> dict[str, Any]:
         """Dead-letter headers for a message this transport's service refused."""
         short = queue.name.removeprefix(self._topology.prefix + ".")
         return dead_letter_headers(self.service, str(reason), short)
@@ -325,14 +248,14 @@ class MemoryTransport:
         self._check_open()
         body, content_type = await encode(msg, blobs=self.blobs, inline_limit=self.inline_limit)
         await self.declare()
-        await self.hub.put(self._full(queue), _Envelope(body, content_type, msg.id, msg.KIND))
+        await self.hub.put(self._full(queue), Envelope(body, content_type, msg.id, msg.KIND))
 
     async def publish_event(self, routing_key: str, msg: Message) -> None:
         """Encode ``msg`` and fan it out to matching subscribers."""
         self._check_open()
         body, content_type = await encode(msg, blobs=self.blobs, inline_limit=self.inline_limit)
         self.hub.fan_out(self._topology.events, routing_key,
-                         _Envelope(body, content_type, msg.id))
+                         Envelope(body, content_type, msg.id))
 
     @asynccontextmanager
     async def consume(

@@ -14,13 +14,13 @@ import aio_pika
 import msgpack
 import pika
 import pytest
-from transport_helpers import make_checkpoint, make_init, next_within, wait_depth
 
 from broker.core.blobstore import FileBlobStore
 from broker.core.messages import CONTENT_TYPE
 from broker.core.schemas import Checkpoint, Initialization
 from broker.transports.base import Transport
 from broker.transports.connect import connect
+from tests.broker.transport_helpers import make_checkpoint, make_init, next_within, wait_depth
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(60)]
 

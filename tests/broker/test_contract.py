@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from transport_helpers import make_init, next_within, nothing_within, wait_depth
 
 from broker.core.blobstore import FileBlobStore
 from broker.core.errors import ConfigError
@@ -17,6 +16,7 @@ from broker.core.topology import DELIVERY_LIMIT
 from broker.transports.base import Transport, topic_matches
 from broker.transports.connect import connect
 from broker.transports.memory import MemoryBroker
+from tests.broker.transport_helpers import make_init, next_within, nothing_within, wait_depth
 
 Factory = Callable[[], Transport]
 pytestmark = pytest.mark.timeout(60)

@@ -8,13 +8,13 @@ import os
 import signal
 
 import pytest
-from transport_helpers import next_within
 
 from broker.core.errors import ConnectionClosed
 from broker.core.schemas import Heartbeat
 from broker.runtime.service import ServiceContext, run_service
 from broker.transports.connect import connect
 from broker.transports.memory import MemoryBroker
+from tests.broker.transport_helpers import next_within
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -41,7 +41,7 @@ async def nothing_within(items: AsyncIterator[T], seconds: float) -> bool:
     """True if no item arrives within ``seconds`` (the wait is cancelled safely)."""
     try:
         await asyncio.wait_for(anext(items), seconds)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return True
     return False
 

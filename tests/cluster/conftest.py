@@ -10,16 +10,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-# the fault-test rig and ledger of tests/reliability are reused as they are
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reliability"))
-
-from cluster_nodes import Nodes
+from tests.cluster.cluster_nodes import Nodes
 
 
 @pytest.fixture(scope="session")

@@ -32,13 +32,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_nodes import Nodes, delete_experiment, name, wait_for
-from reliability_cluster import Cluster
-from reliability_ledger import build_ledger
 
 from broker.core.errors import ConfigError
 from broker.core.settings import default_experiment
 from broker.transports.sync_client import SyncClient
+from tests.cluster.cluster_nodes import Nodes, delete_experiment, name, wait_for
+from tests.reliability.reliability_cluster import Cluster
+from tests.reliability.reliability_ledger import build_ledger
 
 ENV = "torch/Pendulum-v1"
 

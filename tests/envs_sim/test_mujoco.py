@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 from gymnasium.vector import AutoresetMode
-from required import import_or_skip
 
 from broker.core.errors import ConfigError
 from envs.gym_adapter import make
+from tests.required import import_or_skip
 
 pytestmark = [pytest.mark.mujoco, pytest.mark.timeout(120)]
 import_or_skip("mujoco", "PODRACER_REQUIRE_MUJOCO")  # CI: a missing MuJoCo fails

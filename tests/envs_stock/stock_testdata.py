@@ -7,7 +7,7 @@ import gzip
 import os
 from pathlib import Path
 
-from required import skip_or_fail
+from tests.required import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[2]
 

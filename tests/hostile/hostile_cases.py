@@ -30,7 +30,8 @@ from broker.core.codec import TENSOR_EXT
 from broker.core.messages import CLAIM_CONTENT_TYPE, CONTENT_TYPE
 from broker.core.schemas import Message
 from broker.core.topology import Topology
-from broker.transports.memory import MemoryBroker, _Envelope
+from broker.transports.memory import MemoryBroker
+from broker.transports.memory_hub import Envelope
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,7 +234,7 @@ class RawSender:
         """Append ``case`` to work queue ``queue`` (short name) as if a peer sent it."""
         full = f"{self.topology.prefix}.{queue}"
         if self.hub is not None:
-            await self.hub.put(full, _Envelope(case.body, case.content_type or "", case.sent_id))
+            await self.hub.put(full, Envelope(case.body, case.content_type or "", case.sent_id))
             return
         assert self.channel is not None
         await self.channel.default_exchange.publish(self._message(case), full)
@@ -242,7 +243,7 @@ class RawSender:
         """Publish ``case`` on the events exchange with ``routing_key``."""
         if self.hub is not None:
             self.hub.fan_out(self.topology.events, routing_key,
-                             _Envelope(case.body, case.content_type or "", case.sent_id))
+                             Envelope(case.body, case.content_type or "", case.sent_id))
             return
         assert self.channel is not None
         exchange = await self.channel.get_exchange(self.topology.events)

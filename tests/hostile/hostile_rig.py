@@ -16,13 +16,13 @@ from typing import Any
 import aio_pika
 import pytest
 import torch
-from hostile_cases import RawSender
 
 import broker.core.codec
 from broker.core.blobstore import FileBlobStore
 from broker.transports.base import Transport
 from broker.transports.connect import connect
 from broker.transports.memory import MemoryBroker
+from tests.hostile.hostile_cases import RawSender
 
 MAX_PEAK_BYTES = 64 * 1024 * 1024
 """Python heap a hostile batch may use at peak (its bodies total about 2.5 MiB)."""

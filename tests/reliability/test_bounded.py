@@ -82,13 +82,12 @@ def test_disk_use_stays_flat_over_a_thousand_checkpoints(tmp_path: Path) -> None
     exceed what the retention policy can keep (its top-k, their ancestors to a depth,
     the last N: at most 104 blobs), whatever the number of checkpoints; the level seen
     after each hundred is printed (it wanders within that bound as lineages overlap)."""
-    from reliability_states import ppo_checkpoint, ppo_state
-
     from agents.registry import default_registry
     from broker.core.settings import Settings, default_experiment
     from broker.runtime.service import ServiceContext
     from leaderboard.store import LeaderboardStore
     from leaderboard.updater import Updater
+    from tests.reliability.reliability_states import ppo_checkpoint, ppo_state
 
     env, ppo = "torch/Pendulum-v1", {"num_envs": 4, "rollout_steps": 16, "hidden_size": 16}
     exp = default_experiment(env).with_overrides(name="disk", algos={"ppo": 1})

@@ -6,7 +6,8 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from required import import_or_skip
+
+from tests.required import import_or_skip
 
 TESTS = Path(__file__).resolve().parents[1]
 

@@ -30,10 +30,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from reliability_cluster import Cluster, Proc, broker_guard, restart_broker
-from reliability_ledger import build_ledger
 
 from broker.core.settings import default_experiment
+from tests.reliability.reliability_cluster import Cluster, Proc, broker_guard, restart_broker
+from tests.reliability.reliability_ledger import build_ledger
 
 log = logging.getLogger(__name__)
 

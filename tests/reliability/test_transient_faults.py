@@ -170,7 +170,7 @@ def test_store_faults_are_not_message_faults(tmp_path: Path,
 async def test_updater_waits_out_a_full_disk_without_burning_deliveries(
     bed: Bed, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from reliability_states import ppo_checkpoint
+    from tests.reliability.reliability_states import ppo_checkpoint
 
     monkeypatch.setattr(updater_service, "STORE_BACKOFF", FAST)
     exp = bed.settings.experiment.name
@@ -270,7 +270,7 @@ async def test_pod_waits_for_an_unmounted_store_instead_of_dead_lettering(
 ) -> None:
     """The init's state is claim-checked in the shared store; the pod's mount of it is
     still empty. The pod must stop consuming until the volume appears, then train."""
-    from reliability_states import ppo_state
+    from tests.reliability.reliability_states import ppo_state
 
     monkeypatch.setattr(pod_service, "TRANSIENT_BACKOFF", FAST)
     shared, mount = tmp_path / "shared", tmp_path / "mount"
@@ -298,10 +298,9 @@ async def test_pod_waits_for_an_unmounted_store_instead_of_dead_lettering(
 async def test_generator_skips_an_unreadable_parent(
     bed: Bed, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from reliability_states import ppo_checkpoint
-
     from leaderboard import generator as generator_service
     from leaderboard.store import LeaderboardStore
+    from tests.reliability.reliability_states import ppo_checkpoint
 
     exp = bed.settings.experiment.name
     with LeaderboardStore(bed.settings.store) as store:
@@ -371,7 +370,7 @@ async def test_updater_waits_for_an_unmounted_store_instead_of_crashing(
     amqp_url: str, experiment: str, tmp_path: Path, wire: Callable[..., Any],
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from reliability_states import ppo_checkpoint
+    from tests.reliability.reliability_states import ppo_checkpoint
 
     monkeypatch.setattr(updater_service, "STORE_BACKOFF", FAST)
     shared, mount = tmp_path / "shared", tmp_path / "mount"

@@ -21,7 +21,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from management_ui import CHROMIUM, QUEUES, REFUSAL, parse_and_capture
+
+from tests.ui.management_ui import CHROMIUM, QUEUES, REFUSAL, parse_and_capture
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(300)]
 
