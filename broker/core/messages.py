@@ -78,7 +78,7 @@ def encode_message(
     ref = getattr(msg, "state_ref", None)
     if state is not None and ref is not None:
         # a received message sent on again: its state is in the store already
-        msg = dataclasses.replace(msg, state=None)  # type: ignore[type-var]
+        msg = dataclasses.replace(msg, state=None)  # type: ignore[call-arg]
     elif blobs is not None and _state_bytes(state) > inline_limit:
         body = codec.pack(_by_reference(msg, blobs))
         return _claimed(msg, body, blobs, inline_limit)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from agents.base import config_to_hparams
-from agents.build import resolve_config
+from agents.build import resolve, resolve_config
 from agents.pod.continuity import EnvPool, ReplayCache, fit_rows, replay_rows, rows_bytes
 from agents.pod.learners import LearnerGroup, build_learners
 from agents.pod.runner import (
@@ -51,6 +51,8 @@ def _job(steps: int, **changes: Any) -> RoundJob:
     fields: dict[str, Any] = {"algorithm": "sac", "env": PENDULUM, "hparams": TINY, "seed": 0,
                               "budget": Budget(steps=steps)}
     fields.update(changes)
+    fields["resolved"] = resolve(default_registry(), fields.pop("algorithm"),
+                                 fields.pop("hparams"))
     return RoundJob(**fields)
 
 
@@ -170,7 +172,7 @@ def test_learners_train_every_algorithm(algorithm: str) -> None:
     hparams = HPARAMS_OF[algorithm]
     config = resolve_config(registry, algorithm, hparams)
     envs = [make_env(ENV_OF[algorithm], config.num_envs) for _ in range(2)]
-    group = build_learners(registry, algorithm, hparams, envs, CPU, seed=0)
+    group = build_learners(registry, resolve(registry, algorithm, hparams), envs, CPU, seed=0)
     assert isinstance(group, LearnerGroup)
     for _ in range(6):
         metrics = group.train_iteration(envs[0])

@@ -24,7 +24,6 @@ from broker.core.errors import (
 from broker.core.messages import (
     CLAIM_CONTENT_TYPE,
     CONTENT_TYPE,
-    DEFAULT_INLINE_LIMIT,
     decode_message,
     encode_message,
 )
