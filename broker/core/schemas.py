@@ -88,10 +88,9 @@ class Budget:
 class Initialization(Message):
     """Generator -> pod: what to train next (fresh when ``state`` and ``state_ref`` are None).
 
-    A continuing lineage is sent with ``state_ref``, the content address of its parent's
-    state blob in the shared store (the generator never reads it); receiving it
-    (``broker.core.messages.decode_message``) reads and verifies that blob into ``state``.
-    """
+    A continuing lineage is sent with ``state_ref``, its parent's state blob in the shared
+    store (unread by the generator); receiving it (``broker.core.messages``) reads and
+    verifies that blob into ``state``."""
 
     KIND: ClassVar[str] = "initialization"
     algorithm: str
@@ -259,13 +258,10 @@ def _is_opt_tensor_map(v: Any) -> bool:
 
 
 def _is_opt_ref(v: Any) -> bool:
-    if v is None:
-        return True
     try:
-        BlobRef.from_wire(v)
+        return v is None or isinstance(BlobRef.from_wire(v), BlobRef)
     except BlobError:
         return False
-    return True
 
 
 def _to_opt_ref(v: Any) -> BlobRef | None:

@@ -25,6 +25,7 @@ from agents.pod.runner import (
 )
 from agents.registry import default_registry
 from agents.replay import ReplayBuffer
+from broker.core.errors import ConfigError
 from broker.core.schemas import Budget
 from envs.registry import make_env
 
@@ -202,8 +203,10 @@ def test_process_worker_runs_rounds_like_a_thread_and_reports_bad_jobs() -> None
         # the same job gives the same transitions in a worker process and in a thread
         assert torch.equal(first.replay["replay.obs"], local.replay["replay.obs"])
         assert reports  # progress crossed the process boundary
-        with pytest.raises(BuildError, match=r"hparams\.batch_size"):
-            worker.run(_job(40, hparams={**TINY, "batch_size": -1}))
+        with pytest.raises(ConfigError, match=r"hparams\.batch_size"):
+            _job(40, hparams={**TINY, "batch_size": -1})  # refused where it is resolved
+        with pytest.raises(BuildError, match=r"state\."):
+            worker.run(_job(40, state={"actor.0.weight": torch.zeros(3, 3)}))
         stop = threading.Event()
         stop.set()  # a stopped pod's round ends at once, and is still evaluated
         short = worker.run(_job(10**9, budget=Budget(seconds=600.0)), should_stop=stop.is_set)

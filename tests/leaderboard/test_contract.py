@@ -13,7 +13,7 @@ from agents.build import resolve
 from agents.registry import default_registry
 from broker.core.errors import ConfigError
 from broker.core.schemas import Checkpoint
-from broker.core.spaces import SpaceSpec, Spaces
+from broker.core.spaces import Spaces, SpaceSpec
 from envs.spaces import gym_space
 from leaderboard import updater
 from leaderboard.updater import CheckpointValidator
