@@ -157,8 +157,7 @@ class Pod:
     def __init__(self, ctx: ServiceContext[Settings], transport: Transport, worker: Worker,
                  cache: ReplayCache, registry: AlgorithmRegistry) -> None:
         self.ctx = ctx
-        self.registry = registry
-        """Resolves each round's ``(algorithm, hparams)`` once, when it arrives."""
+        self.registry = registry  # resolves each round once, where it arrives
         self.transport = transport
         self.worker = worker
         self.cache = cache
@@ -175,9 +174,8 @@ class Pod:
     # ---------------------------------------------------------------- one round
 
     def _job(self, init: Initialization) -> RoundJob:
-        """The round to run, resolved here once (``ConfigError``: the message is unusable)."""
-        # A child continues its lineage: the parent's replay rows when this process holds
-        # them, and random streams of its own (siblings must not explore alike).
+        # Resolved here, once. A child continues its lineage: the parent's replay rows when
+        # this process holds them, and random streams of its own (siblings differ).
         child = init.state is not None and init.parent_id is not None
         return RoundJob(resolved=resolve(self.registry, init.algorithm, init.hparams),
                         env=init.env, seed=init.seed, budget=capped(init.budget), state=init.state,
@@ -228,8 +226,9 @@ class Pod:
             return
         try:
             job = self._job(init)
-        except ConfigError as exc:
-            await delivery.reject(f"unusable initialization {init.id}: {exc}")
+        except Exception as exc:  # resolving depends only on the message: refuse it
+            why = exc if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+            await delivery.reject(f"unusable initialization {init.id}: {why}"[:1000])
             return
         chain = _Chain(self, init)
         self.status = f"training {init.algorithm}"
