@@ -79,7 +79,7 @@ def test_a_ref_whose_sha_mismatches_is_refused_as_the_messages_fault(
     assert isinstance(info.value, MessageError)  # dead-lettered, never retried
 
 
-async def test_a_pod_transport_dead_letters_an_altered_parent(blobs: CountingStore) -> None:
+async def test_a_pod_transport_dead_letters_a_parent_ref_it_cannot_read(blobs: CountingStore) -> None:
     parent = blobs.put(codec.pack(dict(STATE)))
     forged = BlobRef.of("0" * 64, parent.size)  # a ref naming content the store lacks
     hub = MemoryBroker()
