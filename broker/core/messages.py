@@ -145,7 +145,11 @@ def decode_message(
         raise DecodeError(f"content_type: got {content_type!r}, expected {CONTENT_TYPE!r} "
                           f"or {CLAIM_CONTENT_TYPE!r}")
     data = codec.unpack(body)
-    if isinstance(data, dict) and data.get("state_ref") is not None and data.get("state") is None:
+    if isinstance(data, dict) and data.get("state_ref") is not None:
+        # the state is what the blob holds, never an inline copy beside it: the updater
+        # keeps the blob as the entry's state, so it must be the state it validated
+        if data.get("state") is not None:
+            raise SchemaError("state: give state or state_ref, not both")
         _check_claimed(data, expect=expect, experiment=experiment)
         data["state"] = fetch_state(BlobRef.from_wire(data["state_ref"]), blobs,
                                     data.get("id"))

@@ -11,7 +11,7 @@ import torch
 
 from broker.core import codec
 from broker.core.blobstore import BlobRef, FileBlobStore
-from broker.core.errors import BlobError, MessageError
+from broker.core.errors import BlobError, MessageError, SchemaError
 from broker.core.messages import CONTENT_TYPE, decode_message, encode_message
 from broker.core.schemas import Budget, Checkpoint, Initialization
 from broker.transports.connect import connector
@@ -79,7 +79,8 @@ def test_a_ref_whose_sha_mismatches_is_refused_as_the_messages_fault(
     assert isinstance(info.value, MessageError)  # dead-lettered, never retried
 
 
-async def test_a_pod_transport_dead_letters_a_parent_ref_it_cannot_read(blobs: CountingStore) -> None:
+async def test_a_pod_transport_dead_letters_a_parent_ref_it_cannot_read(
+        blobs: CountingStore) -> None:
     parent = blobs.put(codec.pack(dict(STATE)))
     forged = BlobRef.of("0" * 64, parent.size)  # a ref naming content the store lacks
     hub = MemoryBroker()
@@ -114,3 +115,12 @@ def test_a_big_checkpoint_state_is_written_once_and_kept_as_it_is(
     # sent on again (a received message): the reference travels, nothing is rewritten
     again, _ = encode_message(received, blobs=blobs, inline_limit=1024)
     assert blobs.written == packed and codec.unpack(again)["state"] is None
+
+
+def test_an_inline_state_beside_a_ref_is_refused(blobs: CountingStore) -> None:
+    # the updater keeps the referenced blob: an inline state it would validate instead
+    # must not ride along
+    other = blobs.put(codec.pack({"w": torch.zeros(2)}))
+    wire = child(other).to_wire() | {"state": dict(STATE)}
+    with pytest.raises(SchemaError, match="state: give state or state_ref, not both"):
+        decode_message(codec.pack(wire), CONTENT_TYPE, blobs=blobs, expect=Initialization)
