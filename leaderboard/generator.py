@@ -13,8 +13,10 @@ state, hyperparameters):
 
 * a fresh lineage starts from the algorithm's tuned defaults (its first) or
   hyperparameters sampled from its search space;
-* a continuation carries its parent's state and hyperparameters unchanged;
-* a branch carries its parent's state with hyperparameters mutated inside the
+* a continuation carries a reference to its parent's state blob (the pod reads it) and
+  its hyperparameters unchanged; a parent whose blob is gone starts a fresh lineage;
+  a blob altered on disk is refused by the pod that reads it (dead-lettered);
+* a branch carries that reference with hyperparameters mutated inside the
   algorithm's search space (PBT exploit/explore). Pinned hyperparameters of the
   experiment are never mutated.
 
@@ -38,7 +40,7 @@ import random
 
 from agents.base import AlgorithmRegistry, config_from_hparams, config_to_hparams
 from broker.core.blobstore import FileBlobStore
-from broker.core.errors import BrokerError, MessageError, TransientError
+from broker.core.errors import BlobError, BrokerError, MessageError, TransientError
 from broker.core.experiment import Experiment
 from broker.core.schemas import Initialization
 from broker.core.settings import Settings
@@ -141,7 +143,17 @@ class InitializationMaker:
             return Initialization(hparams=hparams, **common)  # type: ignore[arg-type]
         hparams = (mutate_hparams(config_cls, parent.hparams, self.rng, exp.mutation,
                                   overrides=pinned) if plan.mutate else dict(parent.hparams))
-        return Initialization(hparams=hparams, state=self.store.load_state(parent),
+        try:  # present with its size: a cheap look, not a read (the pod verifies)
+            present = self.store.blobs.path_of(parent.blob.sha256).stat().st_size \
+                == parent.blob.size
+        except OSError:
+            present = False
+        if not present:
+            raise BlobError(f"blob {parent.blob.sha256[:12]}... of {parent.id} is missing "
+                            "or truncated (pruned or lost)")
+        # by reference: the pod reads (and verifies) the parent's blob itself, so the
+        # state is neither read here nor written to the store a second time
+        return Initialization(hparams=hparams, state_ref=parent.blob,
                               parent_id=parent.id, generation=parent.generation + 1,
                               **common)  # type: ignore[arg-type]
 

@@ -8,6 +8,7 @@ passed in, in sorted field order, so a seeded ``random.Random`` reproduces a run
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Mapping
 from typing import Any
@@ -18,11 +19,15 @@ from broker.core.experiment import MutationConfig
 
 
 def _defaults(config_cls: type) -> dict[str, Scalar]:
-    try:
-        return config_to_hparams(config_cls())
-    except TypeError:
-        raise ConfigError("algorithm", f"{config_cls.__name__} needs a default for every field",
-                          "give every config field a default value") from None
+    # read off the fields, not by building a config: the one build is ``_validated``'s
+    out: dict[str, Scalar] = {}
+    for f in dataclasses.fields(config_cls):
+        if f.default is dataclasses.MISSING:
+            raise ConfigError("algorithm", f"{config_cls.__name__} needs a default for "
+                              f"every field ({f.name} has none)",
+                              "give every config field a default value")
+        out[f.name] = f.default
+    return out
 
 
 def _search_space(config_cls: type) -> Mapping[str, SearchDim]:
@@ -32,7 +37,8 @@ def _search_space(config_cls: type) -> Mapping[str, SearchDim]:
 
 def _validated(config_cls: type, hparams: Mapping[str, Scalar]) -> dict[str, Scalar]:
     # Round-tripping through the config class types every value (ints stay ints) and turns
-    # a bad override into a ConfigError that names the field.
+    # a bad override into a ConfigError that names the field: the one config a generated
+    # round's hyperparameters become in the generator.
     return config_to_hparams(config_from_hparams(config_cls, hparams))
 
 

@@ -7,6 +7,8 @@ the checkpoint's state (``codec.pack`` of its tensor map) is a content-addressed
 Durability and idempotence (the updater acks a checkpoint only after ``insert``
 returns):
 
+* a checkpoint whose state came by reference (``Checkpoint.state_ref``, the pod wrote
+  the packed tensor map) keeps that blob: the state is written to the store once;
 * the blob is written (fsync'd) *before* the row commits, so a crash in between leaves
   an orphan blob, never a row without its blob;
 * the checkpoint id is the primary key: a redelivered checkpoint returns the stored
@@ -238,11 +240,15 @@ class LeaderboardStore:
         if existing is not None:
             log.info("checkpoint %s already stored; replay ignored", checkpoint.id)
             return Inserted(existing, False)
-        try:
-            payload = codec.pack(dict(checkpoint.state))
-        except TypeError as exc:
-            raise SchemaError(f"state: {exc}") from None
-        ref = self.blobs.put(payload)  # blob first: a crash now leaves only an orphan blob
+        ref = checkpoint.state_ref
+        if ref is None or not self.blobs.exists(ref):
+            try:
+                payload = codec.pack(dict(checkpoint.state))
+            except TypeError as exc:
+                raise SchemaError(f"state: {exc}") from None
+            ref = self.blobs.put(payload)  # blob first: a crash now leaves only an orphan blob
+        # else: the state came by reference, read and verified from this blob when the
+        # checkpoint was received: it becomes the entry's blob, nothing is written again
         row: dict[str, Any] = {
             "id": checkpoint.id, "parent_id": checkpoint.parent_id,
             "experiment": checkpoint.experiment, "init_id": checkpoint.init_id,

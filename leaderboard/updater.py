@@ -3,8 +3,9 @@
 For every ``Checkpoint`` on the ``updater`` queue it
 
 1. validates it beyond its schema: the env is this experiment's, the algorithm is in
-   its mix, every tensor of ``state`` has the name, shape and dtype that the algorithm
-   builds for these hyperparameters, and every floating tensor is finite;
+   its mix, its hyperparameters resolve (once), every tensor of ``state`` has the name,
+   shape and dtype of the checkpoint contract (``leaderboard.contract``: derived from the
+   experiment's recorded spaces, no env built), and every floating tensor is finite;
 2. optionally re-evaluates it with its own evaluator (``--reevaluate``), otherwise it
    trusts the pod's score;
 3. stores it (``LeaderboardStore.insert``: blob, then the SQLite row; idempotent by id)
@@ -30,13 +31,11 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any
 
 import torch
 
 from agents.base import AlgorithmRegistry
-from agents.build import build_agent, resolve_config
+from agents.build import Resolved, resolve
 from agents.evaluator import evaluate
 from broker.core.blobstore import FileBlobStore
 from broker.core.errors import (
@@ -48,13 +47,15 @@ from broker.core.errors import (
 )
 from broker.core.schemas import Checkpoint, LeaderboardChanged
 from broker.core.settings import Settings
+from broker.core.spaces import Spaces
 from broker.runtime.control import drain_until_idle, sleep_or_stop, watch_stop
 from broker.runtime.service import ServiceContext
 from broker.runtime.supervise import Backoff
 from broker.transports.base import Delivery, Transport
 from broker.transports.connect import Connector
-from envs.base import VecEnv
 from envs.registry import make_env
+from envs.spaces import read_spaces
+from leaderboard.contract import StateContract
 from leaderboard.store import LeaderboardStore, Retention
 
 log = logging.getLogger(__name__)
@@ -68,84 +69,31 @@ STORE_BACKOFF = (0.5, 30.0)
 MAX_HOLD_S = 15 * 60.0
 """A checkpoint held this long during a store outage goes back to the queue."""
 
-TensorSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
-
-
 class CheckpointValidator:
-    """Checks a checkpoint's tensors against what its algorithm builds (cached)."""
+    """Checks a checkpoint against its experiment and the checkpoint contract
+    (``leaderboard.contract``): no env and, per message, no agent."""
 
-    def __init__(self, registry: AlgorithmRegistry, env: str) -> None:
+    def __init__(self, registry: AlgorithmRegistry, env: str, spaces: Spaces | None = None
+                 ) -> None:
+        """``spaces`` are the experiment's recorded ones; None reads them from one copy of
+        ``env`` now (which needs its simulator here)."""
         self.registry = registry
         self.env = env
-        self._specs: dict[tuple[str, str], TensorSpec] = {}
-        self._spaces: VecEnv | None = None
+        self.contract = StateContract(registry, spaces or read_spaces(env))
 
-    def agent(self, algorithm: str, hparams: Mapping[str, Any],
-               state: Mapping[str, torch.Tensor] | None = None) -> Any:
-        """An agent of ``algorithm`` built on one env copy (``state`` loaded when given):
-        tensor shapes never depend on ``num_envs``, and building 64 MuJoCo copies per
-        checkpoint kept the updater seconds behind."""
-        if self._spaces is None:
-            self._spaces = make_env(self.env, 1, "cpu")
-        return build_agent(self.registry, algorithm, {**hparams, "num_envs": 1}, self._spaces,
-                           torch.device("cpu"), 0, state)
+    def resolve(self, checkpoint: Checkpoint) -> Resolved:
+        """The checkpoint's algorithm and config, resolved once (``ConfigError`` names a
+        bad field)."""
+        return resolve(self.registry, checkpoint.algorithm, checkpoint.hparams)
 
-    def close(self) -> None:
-        """Close the reference env."""
-        if self._spaces is not None:
-            self._spaces.close()
-            self._spaces = None
-
-    def _expected(self, algorithm: str, hparams: Mapping[str, Any]) -> TensorSpec:
-        config_cls = self.registry.get(algorithm).config_cls
-        space = getattr(config_cls, "SEARCH_SPACE", {})
-        # search-space fields (learning rates, coefficients) never change tensor shapes,
-        # so the cache key leaves them out and mutated children hit the cache
-        key = (algorithm, repr(sorted((k, v) for k, v in hparams.items() if k not in space)))
-        if key not in self._specs:
-            resolve_config(self.registry, algorithm, hparams)  # names a bad field first
-            self._specs[key] = {k: (tuple(v.shape), v.dtype)
-                                for k, v in self.agent(algorithm, hparams).state_dict().items()}
-        return self._specs[key]
-
-    def _reexported(self, checkpoint: Checkpoint, fresh: TensorSpec) -> TensorSpec:
-        """Names, shapes, dtypes after loading ``state`` into a new agent and saving it.
-
-        ``load_state_dict`` enforces the algorithm's own rules; saving again drops any
-        name it does not know, so an unknown extra tensor still shows as a difference.
-        """
-        state = checkpoint.state
-        missing = sorted(set(fresh) - set(state))
-        if missing:
-            raise ConfigError("state", f"tensor names differ from {checkpoint.algorithm}'s: "
-                              f"missing {missing[:3]}")
-        agent = self.agent(checkpoint.algorithm, checkpoint.hparams, state)
-        spec = {k: (tuple(v.shape), v.dtype) for k, v in agent.state_dict().items()}
-        extra = sorted(set(state) - set(spec))
-        if extra:
-            raise ConfigError("state", f"tensor names differ from {checkpoint.algorithm}'s: "
-                              f"unexpected {extra[:3]}")
-        return spec
-
-    def check(self, checkpoint: Checkpoint) -> None:
-        """``ConfigError`` naming the first problem; returns quietly when it is sound."""
+    def check(self, checkpoint: Checkpoint, resolved: Resolved | None = None) -> Resolved:
+        """``ConfigError`` naming the first problem; returns the resolved round when sound."""
         if checkpoint.env != self.env:
             raise ConfigError("env", f"checkpoint is for {checkpoint.env!r}, this experiment "
                               f"trains {self.env!r}")
-        expected = self._expected(checkpoint.algorithm, checkpoint.hparams)
-        state = checkpoint.state
-        if set(state) != set(expected):
-            # A trained agent can carry tensors a fresh one lacks (Adam moments appear
-            # at the first step; a replay buffer only with checkpoint_replay): ask the
-            # algorithm itself.
-            expected = self._reexported(checkpoint, expected)
-        for name, (shape, dtype) in expected.items():
-            tensor = state[name]
-            if tuple(tensor.shape) != shape or tensor.dtype != dtype:
-                raise ConfigError(f"state.{name}", f"expected {dtype} {list(shape)}, got "
-                                  f"{tensor.dtype} {list(tensor.shape)}")
-            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                raise ConfigError(f"state.{name}", "contains NaN or infinite values")
+        resolved = resolved or self.resolve(checkpoint)
+        self.contract.check(resolved, checkpoint.state)
+        return resolved
 
 
 class Updater:
@@ -160,15 +108,19 @@ class Updater:
         self.registry = registry
         self.reevaluate = reevaluate
         self.experiment = ctx.settings.experiment
-        self.validator = CheckpointValidator(registry, self.experiment.env)
+        self.validator = CheckpointValidator(registry, self.experiment.env,
+                                             self.experiment.spaces)
         self.retention = Retention(top_k=max(self.experiment.top_k, Retention.top_k))
         """Whose state blobs stay on disk (``LeaderboardStore.prune``)."""
         self.stored = 0
 
-    def _reevaluated(self, checkpoint: Checkpoint) -> Checkpoint:
-        agent = self.validator.agent(checkpoint.algorithm, checkpoint.hparams, checkpoint.state)
+    def _reevaluated(self, checkpoint: Checkpoint, resolved: Resolved) -> Checkpoint:
         eval_env = make_env(checkpoint.env, self.experiment.eval_episodes, "cpu")
         try:
+            agent = resolved.build(eval_env.single_observation_space,
+                                   eval_env.single_action_space, torch.device("cpu"), 0,
+                                   checkpoint.state,
+                                   config=dataclasses.replace(resolved.config, num_envs=1))
             result = evaluate(lambda obs: agent.act(obs, True), eval_env,
                               self.experiment.eval_episodes)
         finally:
@@ -180,9 +132,9 @@ class Updater:
             # ranked, it would become a parent whose rounds no pod may build
             raise ConfigError("algorithm", f"{checkpoint.algorithm[:100]!r} is not in this "
                               f"experiment's mix ({', '.join(sorted(self.experiment.algos))})")
-        self.validator.check(checkpoint)
+        resolved = self.validator.check(checkpoint)
         if self.reevaluate:
-            checkpoint = self._reevaluated(checkpoint)
+            checkpoint = self._reevaluated(checkpoint, resolved)
         inserted = self.store.insert(checkpoint)
         if not inserted.new:
             return False, None
@@ -288,7 +240,9 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
     blobs = FileBlobStore(settings.store)
     with LeaderboardStore(settings.store) as store:
         async with connect(experiment=settings.experiment.name, blobs=blobs) as transport:
-            updater = Updater(ctx, transport, store, registry, reevaluate)
+            # off the loop: without recorded spaces the validator reads one env copy
+            updater = await asyncio.to_thread(Updater, ctx, transport, store, registry,
+                                              reevaluate)
             ctx.heartbeat(transport, role="updater")
             stop_task = asyncio.create_task(watch_stop(ctx, transport))
             try:
@@ -296,7 +250,6 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
             finally:
                 stop_task.cancel()
                 await asyncio.gather(stop_task, return_exceptions=True)
-                updater.validator.close()
             log.info("updater stopped: %d new checkpoints stored, %d in store",
                      updater.stored, store.count())
     return 0

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import os
 import re
 import signal
 import sys
@@ -11,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from broker.core.errors import ConfigError, PodracerError
+from broker.core.experiment import apply_overrides, parse_experiment
 from broker.core.settings import (
     DEFAULT_ENV,
     Settings,
     configure_logging,
-    default_experiment,
+    default_experiment_data,
     log_to_file,
-    read_experiment,
+    read_experiment_data,
     settings_from_env,
 )
 from orchestrator.scalers import SCALERS
@@ -42,12 +45,32 @@ def parse_budget(text: str, field: str = "--budget") -> dict[str, float | int]:
                       "use s, m, h for time or k, M for env steps")
 
 
+def checked_experiment(data: dict[str, Any]) -> Any:
+    """Parse TOML-shaped ``data`` and check it against the registries, once: how both
+    ``train`` and ``serve`` read their experiment."""
+    from agents.registry import default_registry
+    from leaderboard.checks import experiment_check
+    from leaderboard.selection import default_strategies
+
+    return parse_experiment(data, check=experiment_check(default_registry(),
+                                                         default_strategies()))
+
+
 def _experiment_from_args(args: argparse.Namespace) -> Any:
     source = args.experiment_file or args.experiment
-    exp = read_experiment(source) if source else default_experiment(args.env or DEFAULT_ENV)
+    data = (read_experiment_data(source) if source
+            else default_experiment_data(args.env or DEFAULT_ENV))
     changes: dict[str, Any] = {"env": args.env, "pods": args.pods,
                                "target_score": args.target_score, "seed": args.seed,
                                "name": args.name}
+    if args.budget:
+        budget = parse_budget(args.budget)
+        changes["total_budget"] = budget
+    if args.round_budget:
+        rb = parse_budget(args.round_budget, "--round-budget")
+        changes["round_budget"] = ({"seconds": rb["seconds"]} if "seconds" in rb
+                                   else {"steps": rb["env_steps"]})
+    data = apply_overrides(data, changes)
     if args.algos:
         names = [a.strip() for a in args.algos.split(",") if a.strip()]
         if not names:
@@ -60,30 +83,28 @@ def _experiment_from_args(args: argparse.Namespace) -> Any:
             except ValueError:
                 raise ConfigError("--algos", f"bad weight in {item!r}",
                                   "e.g. ppo:2,sac:1") from None
-        changes["algos"] = weights
-    if args.budget:
-        budget = parse_budget(args.budget)
-        changes["total_budget"] = budget
-    if args.round_budget:
-        rb = parse_budget(args.round_budget, "--round-budget")
-        changes["round_budget"] = ({"seconds": rb["seconds"]} if "seconds" in rb
-                                   else {"steps": rb["env_steps"]})
-    from agents.registry import default_registry
-    from leaderboard.checks import experiment_check
-    from leaderboard.selection import default_strategies
+        # the mix replaces the file's; settings of algorithms left out go with them
+        data["algos"] = weights
+        for key in ("num_envs", "hparams"):
+            if isinstance(data.get(key), dict):
+                data[key] = {k: v for k, v in data[key].items() if k in weights}
+    return checked_experiment(data)
 
-    algos = changes.get("algos")
-    exp = exp.with_overrides({k: v for k, v in changes.items() if k != "algos"})
-    if algos is not None:
-        data = exp.to_dict()
-        data["algos"] = algos
-        data["num_envs"] = {k: v for k, v in data["num_envs"].items() if k in algos}
-        data["hparams"] = {k: v for k, v in data["hparams"].items() if k in algos}
-        from broker.core.experiment import parse_experiment
 
-        exp = parse_experiment(data)
-    return exp.with_overrides({}, check=experiment_check(default_registry(),
-                                                         default_strategies()))
+def _with_spaces(experiment: Any) -> Any:
+    """``experiment`` with its env's spaces recorded (one env copy built here, where the
+    run starts) so that the updater checks checkpoints without the simulator; left
+    unrecorded when that copy cannot be built here (the updater reads them itself)."""
+    if experiment.spaces is not None:
+        return experiment
+    from envs.spaces import read_spaces
+
+    try:
+        spaces = read_spaces(experiment.env)
+    except Exception as exc:
+        logging.getLogger(__name__).debug("spaces of %s not recorded: %s", experiment.env, exc)
+        return experiment
+    return dataclasses.replace(experiment, spaces=spaces)
 
 
 _DURATION = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -123,7 +144,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from podracer.train import DEFAULT_QUEUE_EXPIRY_S, has_run, train
 
     resume_dir = _resume_args(args) if args.resume else None
-    experiment = _experiment_from_args(args)
+    experiment = _with_spaces(_experiment_from_args(args))
     if resume_dir is not None and args.name and args.name != experiment.name:
         raise ConfigError("--name", f"the run in {resume_dir} is {experiment.name!r}",
                           "a resumed run keeps its name; drop --name")
@@ -144,7 +165,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _serve_settings(args: argparse.Namespace, role: str) -> Settings:
-    experiment = read_experiment(args.experiment) if args.experiment else None
+    # parsed and checked once, like ``train``'s: a bad algorithm fails here, not when
+    # the generator first plans it
+    source = args.experiment or os.environ.get("PODRACER_EXPERIMENT_FILE")
+    experiment = checked_experiment(read_experiment_data(source) if source
+                                    else default_experiment_data())
     settings = settings_from_env(experiment=experiment, broker=args.broker, store=args.store,
                                  device=args.device, name=args.name)
     if settings.broker.startswith("memory"):

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from agents.base import Agent, AlgorithmRegistry, Scalar
-from agents.build import build_agent
+from agents.base import Agent, AlgorithmRegistry
+from agents.build import Resolved, check_env
 from broker.core.errors import ConfigError
 from envs.base import VecEnv
 
@@ -122,8 +122,7 @@ class LearnerGroup:
 
 def build_learners(
     registry: AlgorithmRegistry,
-    algorithm: str,
-    hparams: Mapping[str, Scalar],
+    resolved: Resolved,
     envs: Sequence[VecEnv],
     device: torch.device,
     seed: int,
@@ -131,16 +130,19 @@ def build_learners(
     *,
     own_rng: bool = False,
 ) -> Agent:
-    """One agent per env in ``envs`` (learner ``j`` seeded ``seed + j``), all loaded with
-    ``state`` (without its RNG states with ``own_rng``, see ``build_agent``); a plain
-    agent when ``len(envs) == 1``, else a ``LearnerGroup``.
+    """One agent of the ``resolved`` round per env in ``envs`` (learner ``j`` seeded
+    ``seed + j``), all loaded with ``state`` (without its RNG states with ``own_rng``, see
+    ``Resolved.build``); a plain agent when ``len(envs) == 1``, else a ``LearnerGroup``.
+    ``registry`` only names the algorithms that fit when the env's actions do not.
 
     Pass ``envs[0]`` as the round's env to ``train_round``.
     """
     if not envs:
         raise ConfigError("learners", "need at least one env", "pass one VecEnv per learner")
-    learners = [build_agent(registry, algorithm, hparams, env, device, seed + j, state,
-                            own_rng=own_rng) for j, env in enumerate(envs)]
+    for env in envs:
+        check_env(registry, resolved, env)
+    learners = [resolved.build(env.single_observation_space, env.single_action_space, device,
+                               seed + j, state, own_rng=own_rng) for j, env in enumerate(envs)]
     if len(learners) == 1:
         return learners[0]
     if state is None:

@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from agents.base import Agent, AlgorithmRegistry, Scalar
-from agents.build import resolve_config
+from agents.base import Agent, AlgorithmRegistry
+from agents.build import Resolved
 from agents.pod.continuity import EnvPool, Rows, fit_rows, replay_rows
 from agents.pod.learners import LearnerGroup, build_learners
 from agents.pod.round import Progress, RoundResult, train_round
@@ -55,9 +55,9 @@ ShouldStop = Callable[[], bool]
 class RoundJob:
     """One round to run: the agent to build (or restore) and how long to train it."""
 
-    algorithm: str
+    resolved: Resolved
+    """The algorithm and its config, resolved once from the message (``agents.build``)."""
     env: str
-    hparams: Mapping[str, Scalar]
     seed: int
     budget: Budget
     state: Mapping[str, torch.Tensor] | None = None
@@ -133,7 +133,7 @@ class RoundRunner:
         """The evaluation interval each env's last round ended with."""
 
     def _build(self, job: RoundJob) -> tuple[Agent, list[VecEnv], VecEnv]:
-        config = resolve_config(self.registry, job.algorithm, job.hparams)
+        config = job.resolved.config
         envs = [self.envs.take(job.env, config.num_envs) for _ in range(self.config.learners)]
         eval_env = self.envs.take(job.env, self.config.eval_episodes)
         state = job.state
@@ -142,8 +142,8 @@ class RoundRunner:
             if isinstance(capacity, int):
                 state = {**state, **fit_rows(job.replay, capacity)}
         try:
-            agent = build_learners(self.registry, job.algorithm, job.hparams, envs,
-                                   self.device, job.seed, state, own_rng=job.own_rng)
+            agent = build_learners(self.registry, job.resolved, envs, self.device, job.seed,
+                                   state, own_rng=job.own_rng)
         except BaseException:
             self._give_back(job.env, envs, eval_env)
             raise

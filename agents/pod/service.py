@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from agents.base import AlgorithmRegistry
+from agents.build import resolve
 from agents.pod.continuity import ReplayCache, default_cache_bytes
 from agents.pod.round import Progress, RoundResult, Snapshot
 from agents.pod.runner import (
@@ -54,6 +55,7 @@ from agents.pod.runner import (
 from broker.core.blobstore import FileBlobStore
 from broker.core.errors import (
     BrokerError,
+    ConfigError,
     EnvUnavailable,
     PublishError,
     StoreUnavailable,
@@ -153,8 +155,9 @@ class Pod:
     """Handles initializations one by one for a running pod service."""
 
     def __init__(self, ctx: ServiceContext[Settings], transport: Transport, worker: Worker,
-                 cache: ReplayCache) -> None:
+                 cache: ReplayCache, registry: AlgorithmRegistry) -> None:
         self.ctx = ctx
+        self.registry = registry  # resolves each round once, where it arrives
         self.transport = transport
         self.worker = worker
         self.cache = cache
@@ -171,11 +174,11 @@ class Pod:
     # ---------------------------------------------------------------- one round
 
     def _job(self, init: Initialization) -> RoundJob:
-        # A child continues its lineage: the parent's replay rows when this process holds
-        # them, and random streams of its own (siblings must not explore alike).
+        # Resolved here, once. A child continues its lineage: the parent's replay rows when
+        # this process holds them, and random streams of its own (siblings differ).
         child = init.state is not None and init.parent_id is not None
-        return RoundJob(algorithm=init.algorithm, env=init.env, hparams=init.hparams,
-                        seed=init.seed, budget=capped(init.budget), state=init.state,
+        return RoundJob(resolved=resolve(self.registry, init.algorithm, init.hparams),
+                        env=init.env, seed=init.seed, budget=capped(init.budget), state=init.state,
                         replay=self.cache.get(init.parent_id) if child else None,
                         own_rng=child, target=self.ctx.settings.experiment.target_score)
 
@@ -221,7 +224,12 @@ class Pod:
         if refusal is not None:
             await delivery.reject(f"unusable initialization {init.id}: {refusal}")
             return
-        job = self._job(init)
+        try:
+            job = self._job(init)
+        except Exception as exc:  # resolving depends only on the message: refuse it
+            why = exc if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+            await delivery.reject(f"unusable initialization {init.id}: {why}"[:1000])
+            return
         chain = _Chain(self, init)
         self.status = f"training {init.algorithm}"
         log.info("%s: round %s (%s, generation %d, parent %s%s)", self.ctx.name, init.id[:8],
@@ -393,7 +401,7 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
     pod: Pod | None = None
     try:
         async with connect(experiment=settings.experiment.name, blobs=blobs) as transport:
-            pod = Pod(ctx, transport, runner, cache)
+            pod = Pod(ctx, transport, runner, cache, registry)
             ctx.heartbeat(transport, role="pod", status_fn=lambda: pod.status if pod else "")
             side = [asyncio.create_task(watch_stop(ctx, transport)),
                     asyncio.create_task(pod.publish_metrics())]

@@ -18,6 +18,7 @@ from typing import Any
 
 from broker.core.errors import ConfigError
 from broker.core.schemas import Budget, Scalar
+from broker.core.spaces import Spaces, parse_spaces
 from broker.core.toml_table import Table
 
 Check = Callable[["Experiment"], None]
@@ -139,6 +140,10 @@ class Experiment:
     learners: int = 1
     """Learners per pod (paper sec. 4.3): k agent copies on their own env copies, fused
     by averaging parameters and optimizer moments after every iteration."""
+    spaces: Spaces | None = None
+    """The env's observation and action spaces (``broker.core.spaces``): recorded by
+    ``podracer train`` where the run starts, so the updater checks tensor layouts without
+    the simulator; None: the updater reads them from one env copy when it starts."""
 
     def overrides_for(self, algorithm: str) -> dict[str, Scalar]:
         """The pinned hyperparameters of ``algorithm`` (``num_envs`` included)."""
@@ -169,6 +174,8 @@ class Experiment:
             del data["round_budget"]  # derived: follows a changed total budget
         if self.target_score is not None:
             data["target_score"] = self.target_score
+        if self.spaces is not None:
+            data["spaces"] = self.spaces.to_dict()
         return data
 
     def with_overrides(self, changes: Mapping[str, Any] | None = None, /,
@@ -179,19 +186,30 @@ class Experiment:
         5000}``); a ``None`` value means "flag not given" and is skipped, so argparse
         results can be passed straight in.
         """
-        data = self.to_dict()
-        for key, value in {**(changes or {}), **fields}.items():
-            if value is None:
-                continue
-            *parents, leaf = key.split(".")
-            node = data
-            for part in parents:
-                child = node.setdefault(part, {})
-                if not isinstance(child, dict):
-                    raise ConfigError(key, f"{part} is not a table", "override a leaf key")
-                node = child
-            node[leaf] = value
-        return parse_experiment(data, check=check)
+        return parse_experiment(apply_overrides(self.to_dict(), {**(changes or {}), **fields}),
+                                check=check)
+
+
+def apply_overrides(data: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """TOML-shaped ``data`` with ``changes`` applied (see ``Experiment.with_overrides``),
+    unparsed: a caller with several sets of changes parses once. Spaces recorded for
+    another env are dropped with a changed ``env``."""
+    data = dict(data)
+    for key, value in changes.items():
+        if value is None:
+            continue
+        if key == "env" and value != data.get("env"):
+            data.pop("spaces", None)
+        *parents, leaf = key.split(".")
+        node = data
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(key, f"{part} is not a table", "override a leaf key")
+            node[part] = child = dict(child)  # never write into the caller's tables
+            node = child
+        node[leaf] = value
+    return data
 
 
 def _drop_none(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -338,6 +356,7 @@ def parse_experiment(data: Mapping[str, Any], check: Check | None = None) -> Exp
         device=_device(top.string("device", "auto")),
         seed=top.required_integer("seed", 0, 0),
         learners=_learners(top.required_integer("learners", 1, 1)),
+        spaces=parse_spaces(top.table("spaces")),
     )
     top.finish()
     if check is not None:
@@ -345,14 +364,18 @@ def parse_experiment(data: Mapping[str, Any], check: Check | None = None) -> Exp
     return exp
 
 
-def load_experiment(path: str | Path, check: Check | None = None) -> Experiment:
-    """Read and validate the TOML experiment file at ``path``."""
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """The TOML experiment file at ``path`` as data, unparsed."""
     path = Path(path)
     try:
         with path.open("rb") as fh:
-            data = tomllib.load(fh)
+            return tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError("experiment", f"no such file: {path}", "check the path") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("experiment", f"{path} is not valid TOML: {exc}") from None
-    return parse_experiment(data, check=check)
+
+
+def load_experiment(path: str | Path, check: Check | None = None) -> Experiment:
+    """Read and validate the TOML experiment file at ``path``."""
+    return parse_experiment(read_toml(path), check=check)

@@ -24,9 +24,12 @@ from typing import Annotated, Any, ClassVar, TypeVar, get_type_hints
 
 import torch
 
-from broker.core.errors import SchemaError
+from broker.core.blobstore import BlobRef
+from broker.core.errors import BlobError, SchemaError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: ``Initialization`` and ``Checkpoint`` may carry ``state_ref`` (a build that reads 1
+would ignore it and train a continuing lineage from scratch, so 1 is refused)."""
 Scalar = float | int | bool | str
 TensorDict = dict[str, torch.Tensor]
 Token = Annotated[str, "token"]
@@ -59,6 +62,8 @@ class Message:
                 value = [list(point) for point in value]
             elif f.name == "top":
                 value = [list(entry) for entry in value]
+            elif isinstance(value, BlobRef):
+                value = value.to_wire()
             out[f.name] = value
         return out
 
@@ -81,7 +86,11 @@ class Budget:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Initialization(Message):
-    """Generator -> pod: what to train next (fresh when ``state`` is None)."""
+    """Generator -> pod: what to train next (fresh when ``state`` and ``state_ref`` are None).
+
+    A continuing lineage is sent with ``state_ref``, its parent's state blob in the shared
+    store (unread by the generator); receiving it (``broker.core.messages``) reads and
+    verifies that blob into ``state``."""
 
     KIND: ClassVar[str] = "initialization"
     algorithm: str
@@ -90,13 +99,19 @@ class Initialization(Message):
     budget: Budget
     seed: int
     state: TensorDict | None = None
+    state_ref: BlobRef | None = None
+    """Where ``state`` is (or was read from): a packed tensor map in the blob store."""
     parent_id: Token | None = None
     generation: int = 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Checkpoint(Message):
-    """Pod -> updater: a trained round. ``id`` is the checkpoint id."""
+    """Pod -> updater: a trained round. ``id`` is the checkpoint id.
+
+    A state too big to travel inline goes to the blob store once, as the packed tensor
+    map the leaderboard keeps (``state_ref``): the updater reads it once and stores that
+    very blob, writing nothing again."""
 
     KIND: ClassVar[str] = "checkpoint"
     init_id: Token
@@ -111,6 +126,8 @@ class Checkpoint(Message):
     wall_time: float
     parent_id: Token | None = None
     generation: int = 0
+    state_ref: BlobRef | None = None
+    """The blob ``state`` was read from (set on receipt when it came by reference)."""
     # (wall seconds since round start, eval score, env steps) points of the round
     curve: list[tuple[float, float, int]] = dataclasses.field(default_factory=list)
 
@@ -240,6 +257,17 @@ def _is_opt_tensor_map(v: Any) -> bool:
     return v is None or _is_tensor_map(v)
 
 
+def _is_opt_ref(v: Any) -> bool:
+    try:
+        return v is None or isinstance(BlobRef.from_wire(v), BlobRef)
+    except BlobError:
+        return False
+
+
+def _to_opt_ref(v: Any) -> BlobRef | None:
+    return None if v is None else BlobRef.from_wire(v)
+
+
 def _is_curve(v: Any) -> bool:
     return isinstance(v, list) and all(
         isinstance(p, list | tuple) and len(p) == 3 and _is_finite(p[0]) and _is_finite(p[1])
@@ -272,6 +300,8 @@ _RULES: dict[Any, _Rule] = {
     dict[str, float]: _Rule(_is_float_map, "a map of finite numbers"),
     TensorDict: _Rule(_is_tensor_map, "a map of tensors"),
     TensorDict | None: _Rule(_is_opt_tensor_map, "a map of tensors or nil"),
+    BlobRef | None: _Rule(_is_opt_ref, "a blob reference {uri, sha256, size} or nil",
+                          _to_opt_ref),
     list[tuple[float, float, int]]: _Rule(_is_curve, "a list of [seconds, score, steps]",
                                           _to_curve),
     list[tuple[str, float]]: _Rule(_is_top, "a list of [id, score]", _to_top),

@@ -29,7 +29,13 @@ from typing import Any
 import torch
 
 from broker.core.errors import ConfigError
-from broker.core.experiment import Experiment, load_experiment, parse_experiment
+from broker.core.experiment import (
+    Check,
+    Experiment,
+    apply_overrides,
+    parse_experiment,
+    read_toml,
+)
 
 DEFAULT_ENV = "torch/Pendulum-v1"
 
@@ -66,11 +72,11 @@ class Settings:
         return torch.device(wanted)
 
 
-def default_experiment(env: str = DEFAULT_ENV, **overrides: Any) -> Experiment:
-    """An experiment for ``env`` with Podracer's defaults (used when no file is given)."""
+def default_experiment_data(env: str = DEFAULT_ENV) -> dict[str, Any]:
+    """The TOML-shaped data of Podracer's default experiment for ``env``, unparsed."""
     stem = env.split("?")[0].split("/")[-1]  # a stock env's windows are not part of its name
     name = "".join(c if c.isalnum() or c in "_-" else "-" for c in stem).lower()[:64]
-    data: dict[str, Any] = {
+    return {
         "name": name.strip("-") or "default",
         "env": env,
         "algos": {"ppo": 1, "sac": 1, "td3": 1},
@@ -80,22 +86,35 @@ def default_experiment(env: str = DEFAULT_ENV, **overrides: Any) -> Experiment:
         "eval_episodes": 16,
         "device": "auto",
     }
-    return parse_experiment(data).with_overrides(overrides)
 
 
-def read_experiment(path: str | Path | None) -> Experiment:
-    """The experiment in ``path`` (TOML, or the JSON ``podracer train`` hands its services)."""
-    if path is None:
-        return default_experiment()
+def default_experiment(env: str = DEFAULT_ENV, **overrides: Any) -> Experiment:
+    """An experiment for ``env`` with Podracer's defaults (used when no file is given)."""
+    return parse_experiment(apply_overrides(default_experiment_data(env), overrides))
+
+
+def read_experiment_data(path: str | Path) -> dict[str, Any]:
+    """The experiment file at ``path`` (TOML, or the JSON ``podracer train`` hands its
+    services) as data, unparsed: a caller applies its overrides, then parses once."""
     path = Path(path)
-    if path.suffix == ".json":
-        try:
-            return parse_experiment(json.loads(path.read_text()))
-        except FileNotFoundError:
-            raise ConfigError("experiment", f"no such file: {path}", "check the path") from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError("experiment", f"{path} is not valid JSON: {exc}") from None
-    return load_experiment(path)
+    if path.suffix != ".json":
+        return read_toml(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError("experiment", f"no such file: {path}", "check the path") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError("experiment", f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("experiment", f"{path} holds no table", "write a JSON object")
+    return data
+
+
+def read_experiment(path: str | Path | None, check: Check | None = None) -> Experiment:
+    """The experiment in ``path`` (TOML or JSON; the default one for ``None``), parsed
+    and checked (``check``) once."""
+    data = default_experiment_data() if path is None else read_experiment_data(path)
+    return parse_experiment(data, check=check)
 
 
 def write_experiment(experiment: Experiment, path: Path) -> Path:

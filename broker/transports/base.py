@@ -74,6 +74,7 @@ from broker.core.messages import (
     CLAIM_CONTENT_TYPE,
     decode_message,
     encode_message,
+    refers,
 )
 from broker.core.schemas import Message
 from broker.core.topology import DEAD_QUEUES, WORK_QUEUES, Topology
@@ -348,8 +349,10 @@ async def decode(
 
     Raises only ``MessageError`` subclasses for bad input (the caller dead-letters).
     """
-    # a small claim-check body still means reading and unpacking a large blob
-    if len(body) > OFFLOAD_BYTES or content_type == CLAIM_CONTENT_TYPE:
+    # a small claim-check body, or one that refers to its state, still means reading
+    # and unpacking a large blob
+    if len(body) > OFFLOAD_BYTES or content_type == CLAIM_CONTENT_TYPE or (
+            blobs is not None and refers(expect)):
         return await asyncio.to_thread(_decode, body, content_type, blobs, expect, experiment)
     return _decode(body, content_type, blobs, expect, experiment)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from agents.base import config_to_hparams
-from agents.build import resolve_config
+from agents.build import resolve, resolve_config
 from agents.pod.continuity import EnvPool, ReplayCache, fit_rows, replay_rows, rows_bytes
 from agents.pod.learners import LearnerGroup, build_learners
 from agents.pod.runner import (
@@ -25,6 +25,7 @@ from agents.pod.runner import (
 )
 from agents.registry import default_registry
 from agents.replay import ReplayBuffer
+from broker.core.errors import ConfigError
 from broker.core.schemas import Budget
 from envs.registry import make_env
 
@@ -51,6 +52,8 @@ def _job(steps: int, **changes: Any) -> RoundJob:
     fields: dict[str, Any] = {"algorithm": "sac", "env": PENDULUM, "hparams": TINY, "seed": 0,
                               "budget": Budget(steps=steps)}
     fields.update(changes)
+    fields["resolved"] = resolve(default_registry(), fields.pop("algorithm"),
+                                 fields.pop("hparams"))
     return RoundJob(**fields)
 
 
@@ -170,7 +173,7 @@ def test_learners_train_every_algorithm(algorithm: str) -> None:
     hparams = HPARAMS_OF[algorithm]
     config = resolve_config(registry, algorithm, hparams)
     envs = [make_env(ENV_OF[algorithm], config.num_envs) for _ in range(2)]
-    group = build_learners(registry, algorithm, hparams, envs, CPU, seed=0)
+    group = build_learners(registry, resolve(registry, algorithm, hparams), envs, CPU, seed=0)
     assert isinstance(group, LearnerGroup)
     for _ in range(6):
         metrics = group.train_iteration(envs[0])
@@ -200,8 +203,10 @@ def test_process_worker_runs_rounds_like_a_thread_and_reports_bad_jobs() -> None
         # the same job gives the same transitions in a worker process and in a thread
         assert torch.equal(first.replay["replay.obs"], local.replay["replay.obs"])
         assert reports  # progress crossed the process boundary
-        with pytest.raises(BuildError, match=r"hparams\.batch_size"):
-            worker.run(_job(40, hparams={**TINY, "batch_size": -1}))
+        with pytest.raises(ConfigError, match=r"hparams\.batch_size"):
+            _job(40, hparams={**TINY, "batch_size": -1})  # refused where it is resolved
+        with pytest.raises(BuildError, match=r"state\."):
+            worker.run(_job(40, state={"actor.0.weight": torch.zeros(3, 3)}))
         stop = threading.Event()
         stop.set()  # a stopped pod's round ends at once, and is still evaluated
         short = worker.run(_job(10**9, budget=Budget(seconds=600.0)), should_stop=stop.is_set)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from agents.base import config_from_hparams
+from agents.build import resolve
 from agents.hterm import MAX_LOG_DENSITY, HTermMemory, above_average, hterm_loss
 from agents.pod.learners import build_learners
 from agents.ppo import PPOAgent, PPOConfig
@@ -118,10 +119,7 @@ def test_the_updater_accepts_a_checkpoint_with_a_memory() -> None:
         env_steps=agent.env_steps, wall_time=1.0)
     assert checkpoint.state["hterm.obs"].shape[0] > 0
     validator = CheckpointValidator(default_registry(), "torch/Pendulum-v1")
-    try:
-        validator.check(checkpoint)  # raises ConfigError naming a tensor when it rejects
-    finally:
-        validator.close()
+    validator.check(checkpoint)  # raises ConfigError naming a tensor when it rejects
 
 
 def test_states_cross_the_switch() -> None:
@@ -174,7 +172,8 @@ def test_discrete_actions_work_with_the_hterm() -> None:
 
 def test_learner_fusion_keeps_each_memory() -> None:
     envs = [make_env("torch/Pendulum-v1", 16) for _ in range(2)]
-    group = build_learners(default_registry(), "ppo", {**SMALL, "hterm": True}, envs,
+    registry = default_registry()
+    group = build_learners(registry, resolve(registry, "ppo", {**SMALL, "hterm": True}), envs,
                            torch.device("cpu"), seed=1)
     group.train_iteration(envs[0])  # trains both learners and fuses them
     assert group.state_dict()["hterm.obs"].shape[0] > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from agents.base import config_to_hparams
+from agents.build import resolve
 from agents.pod.learners import LearnerGroup, build_learners, fuse_states
 from agents.ppo import PPOAgent, PPOConfig
 from agents.registry import default_registry
@@ -29,7 +30,8 @@ def test_fuse_states_averages_floats_and_keeps_learner0_integers() -> None:
 def test_group_iteration_leaves_every_learner_at_the_exact_average() -> None:
     torch.set_num_threads(1)
     envs = [make_env("torch/Pendulum-v1", SMALL.num_envs) for _ in range(3)]
-    group = build_learners(default_registry(), "ppo", config_to_hparams(SMALL), envs,
+    registry = default_registry()
+    group = build_learners(registry, resolve(registry, "ppo", config_to_hparams(SMALL)), envs,
                            torch.device("cpu"), seed=0)
     assert isinstance(group, LearnerGroup)
     learners = group.learners

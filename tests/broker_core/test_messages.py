@@ -24,7 +24,6 @@ from broker.core.errors import (
 from broker.core.messages import (
     CLAIM_CONTENT_TYPE,
     CONTENT_TYPE,
-    DEFAULT_INLINE_LIMIT,
     decode_message,
     encode_message,
 )
@@ -84,31 +83,52 @@ def test_every_kind_round_trips_inline(msg: Message, assert_same: Same) -> None:
     assert_same(out.to_wire(), msg.to_wire())
 
 
+def metrics(values: int) -> Metrics:
+    return Metrics(experiment=EXP, pod="pod-a", values={f"m/{i}": float(i) for i in range(values)})
+
+
 def test_over_the_limit_goes_through_the_blob_store(
     blobs: FileBlobStore, assert_same: Same
 ) -> None:
-    msg = checkpoint(numel=1000)
+    msg = metrics(200)
     body, content_type = encode_message(msg, blobs=blobs, inline_limit=1024)
     assert content_type == CLAIM_CONTENT_TYPE and len(body) < 512
     claim = codec.unpack(body)
-    assert claim["kind"] == "checkpoint" and claim["id"] == msg.id
+    assert claim["kind"] == "metrics" and claim["id"] == msg.id
     assert claim["experiment"] == EXP and claim["schema"] == msg.schema
     assert blobs.exists(BlobRef.from_wire(claim["claim"]))
-    out = decode_message(body, content_type, blobs=blobs, expect=Checkpoint, experiment=EXP)
+    out = decode_message(body, content_type, blobs=blobs, expect=Metrics, experiment=EXP)
     assert_same(out.to_wire(), msg.to_wire())
+
+
+def test_a_state_over_the_limit_goes_by_reference(blobs: FileBlobStore) -> None:
+    msg = checkpoint(numel=1000)
+    body, content_type = encode_message(msg, blobs=blobs, inline_limit=1024)
+    assert content_type == CONTENT_TYPE and len(body) < 1024
+    ref = BlobRef.from_wire(codec.unpack(body)["state_ref"])
+    assert blobs.get(ref) == codec.pack(dict(msg.state))  # the leaderboard's blob format
+    out = decode_message(body, content_type, blobs=blobs, expect=Checkpoint, experiment=EXP)
+    assert out.state_ref == ref
+    assert all(torch.equal(out.state[k], v) for k, v in msg.state.items())
 
 
 def test_at_the_limit_stays_inline(blobs: FileBlobStore) -> None:
     msg = checkpoint()
     size = len(encode_message(msg, blobs=None)[0])
     assert encode_message(msg, blobs=blobs, inline_limit=size)[1] == CONTENT_TYPE
-    assert encode_message(msg, blobs=blobs, inline_limit=size - 1)[1] == CLAIM_CONTENT_TYPE
+    assert codec.unpack(encode_message(msg, blobs=blobs, inline_limit=size)[0]).get(
+        "state_ref") is None
+    # one byte less: the state goes by reference (and this small body is still claimed)
+    body, content_type = encode_message(msg, blobs=blobs, inline_limit=size - 1)
+    assert content_type == CLAIM_CONTENT_TYPE
+    out = decode_message(body, content_type, blobs=blobs, expect=Checkpoint)
+    assert out.state_ref is not None and torch.equal(out.state["step"], msg.state["step"])
 
 
 def test_20_mib_payload_with_the_default_limit(blobs: FileBlobStore) -> None:
     msg = checkpoint(numel=5 * 1024 * 1024)  # 20 MiB of float32
     body, content_type = encode_message(msg, blobs=blobs)
-    assert content_type == CLAIM_CONTENT_TYPE and len(body) < DEFAULT_INLINE_LIMIT
+    assert content_type == CONTENT_TYPE and len(body) < 4096
     out = decode_message(body, content_type, blobs=blobs, expect=Checkpoint)
     assert torch.equal(out.state["actor.w"], msg.state["actor.w"])
 

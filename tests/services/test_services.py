@@ -197,8 +197,21 @@ async def test_generator_keeps_one_waiting_and_seeds_children(rig: Rig) -> None:
                                     random.Random(1))
         child = maker.make()
         branch = maker.make()
+        blob = store.blobs.path_of(child.state_ref.sha256) if child.state_ref else None
+        stored = store.get(parent.id)
     assert child.parent_id == parent.id and child.generation == 1
-    assert child.state is not None and set(child.state) == set(parent.state)
+    # the parent's state travels as a reference to its leaderboard blob, not a copy
+    assert stored is not None and child.state is None and child.state_ref == stored.blob
+    assert blob is not None and len(list(blob.parent.parent.glob("*/*"))) == 1
+    await rig.transport.publish("generator", child)
+    async with rig.transport.consume("generator", prefetch=1, expect=Initialization) as inbox:
+        delivery = await _next(inbox)
+        received: Initialization = delivery.message
+        await delivery.ack()
+    # a pod receiving it reads that blob (verified) into the state
+    assert received.state is not None and received.state_ref == stored.blob
+    assert all(torch.equal(received.state[k], v) for k, v in parent.state.items())
+    assert set(received.state) == set(parent.state)
     assert child.hparams == parent.hparams
     assert branch.parent_id == parent.id and branch.hparams != parent.hparams
     assert branch.hparams["hidden_size"] == PPO["hidden_size"]  # pinned, never mutated
@@ -252,7 +265,7 @@ async def test_a_long_round_publishes_its_intermediate_bests_as_a_chain(rig: Rig
                           snapshot_every_s=0.0)
     worker = ThreadWorker(RoundRunner(default_registry(), config, make_env))
     ctx = ServiceContext(dataclasses.replace(rig.settings, name="pod-chain"), "pod-chain")
-    pod = pod_service.Pod(ctx, rig.transport, worker, ReplayCache(2**20))
+    pod = pod_service.Pod(ctx, rig.transport, worker, ReplayCache(2**20), default_registry())
     init = _init(rig, budget=Budget(steps=3 * PPO["num_envs"] * PPO["rollout_steps"]))
     await rig.transport.publish("generator", init)
     async with rig.transport.consume("generator", prefetch=1, expect=Initialization) as inbox:
