@@ -137,6 +137,12 @@ class Agent(Protocol):
         """The full training state as a flat map of tensors."""
         ...
 
+    def data_layout(self) -> dict[str, torch.Tensor]:
+        """The collected-data tensors a ``state_dict`` may add once it holds rows (replay
+        rows, a memory), each with zero rows: their names, per-row shapes and dtypes.
+        Everything else a state holds is present from the start (``{}``: nothing)."""
+        ...
+
     def load_state_dict(self, state: Mapping[str, torch.Tensor], keep_data: bool = False
                         ) -> None:
         """Restore a state produced by ``state_dict`` (shape mismatches raise ConfigError).

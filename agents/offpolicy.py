@@ -306,6 +306,12 @@ class OffPolicyAgent(abc.ABC):
             state.update(self.buffer.state_dict())
         return state
 
+    def data_layout(self) -> StateDict:
+        """The replay rows a state adds with ``checkpoint_replay`` (zero rows here)."""
+        if not self.config.checkpoint_replay:
+            return {}
+        return {k: v[:0] if v.dim() else v for k, v in self.buffer.state_dict().items()}
+
     def load_state_dict(self, state: Mapping[str, torch.Tensor], keep_data: bool = False
                         ) -> None:
         """Restore ``state_dict`` output exactly (copying, never aliasing ``state``);

@@ -364,6 +364,12 @@ class PPOAgent:
             state.update(self._hterm.state_dict())
         return state
 
+    def data_layout(self) -> dict[str, torch.Tensor]:
+        """The H-term's memory rows a state adds (zero rows here), if the H-term is on."""
+        if self._hterm is None:
+            return {}
+        return {k: v[:0] for k, v in self._hterm.state_dict().items()}
+
     def load_state_dict(self, state: Mapping[str, torch.Tensor], keep_data: bool = False
                         ) -> None:
         """Restore ``state_dict`` output exactly; ``ConfigError`` names a bad tensor.

@@ -58,6 +58,7 @@ class StateContract:
         self.registry = registry
         self.spaces = spaces
         self._specs: dict[tuple[str, str], TensorSpec] = {}
+        self._data: dict[tuple[str, str], TensorSpec] = {}
         self.agents_built = 0
         """Agents built to derive specs (one per shape-relevant config)."""
 
@@ -77,18 +78,31 @@ class StateContract:
                               torch.device("cpu"), 0, state,
                               config=dataclasses.replace(resolved.config, num_envs=1))
 
-    def expected(self, resolved: Resolved) -> TensorSpec:
-        """The names, shapes and dtypes of a state of ``resolved`` (rows: none held)."""
+    def expected(self, resolved: Resolved) -> tuple[TensorSpec, TensorSpec]:
+        """The names, shapes and dtypes every state of ``resolved`` holds, and those of the
+        collected-data tensors it may add (zero rows: see ``Agent.data_layout``)."""
         key = self._key(resolved)
         if key not in self._specs:
-            self._specs[key] = spec_of(self.agent(resolved).state_dict())
-        return self._specs[key]
+            agent = self.agent(resolved)
+            self._specs[key] = spec_of(agent.state_dict())
+            self._data[key] = spec_of(agent.data_layout())
+        return self._specs[key], self._data[key]
 
     def check(self, resolved: Resolved, state: Mapping[str, torch.Tensor]) -> None:
         """``ConfigError`` naming the first tensor that breaks the contract."""
-        expected = self.expected(resolved)
-        if set(state) != set(expected):
-            expected = self._reexported(resolved, state, expected)
+        fixed, data = self.expected(resolved)
+        missing = sorted(set(fixed) - set(state))
+        extra = sorted(set(state) - set(fixed) - set(data))
+        if missing or extra:
+            raise ConfigError("state", f"tensor names differ from {resolved.algorithm}'s: "
+                              + (f"missing {missing[:3]}" if missing else
+                                 f"unexpected {extra[:3]}"))
+        held = {_group(n) for n in state if n in data}
+        partial = sorted(n for n in data if _group(n) in held and n not in state)
+        if partial:
+            raise ConfigError(f"state.{partial[0]}", "missing beside the other tensors of "
+                              "its group")
+        expected = {**fixed, **{n: data[n] for n in data if n in state}}
         rows: dict[str, tuple[str, int]] = {}
         for name, (shape, dtype) in expected.items():
             tensor = state[name]
@@ -111,23 +125,3 @@ class StateContract:
                                   f"{tensor.dtype} {list(tensor.shape)}")
             if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                 raise ConfigError(f"state.{name}", "contains NaN or infinite values")
-
-    # FALLBACK, to delete once the eager optimizer-state contract (every agent's fresh
-    # state_dict holds a trained one's names: the off-policy helper's change) is merged:
-    # until then an off-policy agent creates its Adam moments at its first step and PPO
-    # leaves out an empty H-term memory, so a trained state has names a fresh one lacks,
-    # and the algorithm itself is asked (load, save again). Not cached: what a loaded
-    # state re-exports follows that state, and a hostile first one must not become the
-    # reference for the rest.
-    def _reexported(self, resolved: Resolved, state: Mapping[str, torch.Tensor],
-                    fresh: TensorSpec) -> TensorSpec:
-        missing = sorted(set(fresh) - set(state))
-        if missing:
-            raise ConfigError("state", f"tensor names differ from {resolved.algorithm}'s: "
-                              f"missing {missing[:3]}")
-        spec = spec_of(self.agent(resolved, state).state_dict())
-        extra = sorted(set(state) - set(spec))
-        if extra:
-            raise ConfigError("state", f"tensor names differ from {resolved.algorithm}'s: "
-                              f"unexpected {extra[:3]}")
-        return spec

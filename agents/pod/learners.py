@@ -113,6 +113,10 @@ class LearnerGroup:
         """The fused state: averaged floats, learner 0's counters and RNG."""
         return fuse_states([learner.state_dict() for learner in self.learners])
 
+    def data_layout(self) -> dict[str, torch.Tensor]:
+        """Learner 0's (all learners share one algorithm and config)."""
+        return self.learners[0].data_layout()
+
     def load_state_dict(self, state: Mapping[str, torch.Tensor], keep_data: bool = False
                         ) -> None:
         """Load ``state`` into every learner."""

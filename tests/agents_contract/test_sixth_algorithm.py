@@ -147,6 +147,10 @@ class ReinforceAgent:
         return save_state(self._live(), {"rng": self.generator},
                           dict(zip(COUNTERS, (self.env_steps, self.iterations), strict=True)))
 
+    def data_layout(self) -> dict[str, torch.Tensor]:
+        """REINFORCE keeps no data between iterations."""
+        return {}
+
     def load_state_dict(self, state: Mapping[str, torch.Tensor], keep_data: bool = False
                         ) -> None:
         """Restore ``state_dict`` output; the next rollout starts from a reset."""

@@ -51,9 +51,13 @@ def test_a_sound_state_passes_with_one_agent_built_per_config() -> None:
     state = _fresh_state(SAC)
     rows = {"replay.obs": torch.zeros(10, 5), "replay.next_obs": torch.zeros(10, 5),
             "replay.action": torch.zeros(10, 2), "replay.reward": torch.zeros(10),
-            "replay.done": torch.zeros(10)}
+            "replay.done": torch.zeros(10), "replay.pos": torch.tensor(0)}
     for held in ({}, rows):
         validator.check(_checkpoint({**state, **held}))
+    # a group of collected data comes whole or not at all
+    partial = {k: v for k, v in rows.items() if k != "replay.done"}
+    with pytest.raises(ConfigError, match="state.replay.done"):
+        validator.check(_checkpoint({**state, **partial}))
     # a mutated child (search-space fields only) shares the spec
     child = dataclasses.replace(_checkpoint(state), hparams={**SAC, "actor_lr": 1e-4})
     validator.check(child)
