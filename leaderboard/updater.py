@@ -13,12 +13,17 @@ For every ``Checkpoint`` on the ``updater`` queue it
 5. publishes ``leaderboard.changed`` with the top-K, the number of checkpoints and the
    env steps they cost (the orchestrator's stop condition reads them).
 
-A checkpoint that fails 1 is rejected to ``updater.dead`` with a one-line reason. A
-store that fails (disk full, volume gone, database locked) is a fault of the moment,
-not of the checkpoint: the updater keeps the delivery, stops consuming, and retries it
-with backoff (``STORE_BACKOFF``) until the store is back, so queued checkpoints do not
-burn their deliveries and land in ``updater.dead``. A delivery held ``MAX_HOLD_S`` goes
-back to the queue (RabbitMQ's ``consumer_timeout`` would take it anyway). On
+Whose fault a failure is, ``broker.runtime.faults`` decides. A checkpoint that fails 1
+is the message's fault: rejected to ``updater.dead`` with a one-line reason. A store
+that fails (disk full, volume gone, database locked) is a fault of the moment, not of
+the checkpoint: the updater keeps the delivery, stops consuming, and retries it with
+backoff (``STORE_BACKOFF``) until the store is back, so queued checkpoints do not burn
+their deliveries and land in ``updater.dead``. A delivery held ``MAX_HOLD_S`` goes
+back to the queue (RabbitMQ's ``consumer_timeout`` would take it anyway). A fault of
+this node (the experiment's env cannot be built here: a data file or simulator
+missing, out of memory) puts the checkpoint back; the updater stops consuming, says why
+in one line and on its heartbeat, and probes (builds the env again) with backoff before
+it consumes again. The validation env is built once and kept. On
 ``control.stop`` or SIGTERM the updater drains: it keeps storing what is in the queue
 until it has been idle for ``DRAIN_IDLE_S`` seconds, then exits 0; while the store is
 down it returns what it holds and exits.
@@ -42,13 +47,14 @@ from broker.core.blobstore import FileBlobStore
 from broker.core.errors import (
     BrokerError,
     ConfigError,
+    EnvUnavailable,
     PodracerError,
-    SchemaError,
     StoreUnavailable,
 )
 from broker.core.schemas import Checkpoint, LeaderboardChanged
 from broker.core.settings import Settings
 from broker.runtime.control import drain_until_idle, sleep_or_stop, watch_stop
+from broker.runtime.faults import Fault, Faulted, Health, judge, one_line
 from broker.runtime.service import ServiceContext
 from broker.runtime.supervise import Backoff
 from broker.transports.base import Delivery, Transport
@@ -71,6 +77,18 @@ MAX_HOLD_S = 15 * 60.0
 TensorSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 
+def make_validation_env(env: str, copies: int) -> VecEnv:
+    """``copies`` of this experiment's own env on the CPU. It depends on no message, so a
+    failure is this node's: ``EnvUnavailable``."""
+    try:
+        return make_env(env, copies, "cpu")
+    except EnvUnavailable:
+        raise
+    except Exception as exc:
+        raise EnvUnavailable(f"env {env[:200]} cannot be built here: {one_line(exc)}"
+                             ) from None
+
+
 class CheckpointValidator:
     """Checks a checkpoint's tensors against what its algorithm builds (cached)."""
 
@@ -85,10 +103,15 @@ class CheckpointValidator:
         """An agent of ``algorithm`` built on one env copy (``state`` loaded when given):
         tensor shapes never depend on ``num_envs``, and building 64 MuJoCo copies per
         checkpoint kept the updater seconds behind."""
-        if self._spaces is None:
-            self._spaces = make_env(self.env, 1, "cpu")
-        return build_agent(self.registry, algorithm, {**hparams, "num_envs": 1}, self._spaces,
+        return build_agent(self.registry, algorithm, {**hparams, "num_envs": 1}, self.ready(),
                            torch.device("cpu"), 0, state)
+
+    def ready(self) -> VecEnv:
+        """The reference env, built once; ``EnvUnavailable`` (a fault of this node: the
+        experiment's env, a data file or a simulator missing here) when it cannot be."""
+        if self._spaces is None:
+            self._spaces = make_validation_env(self.env, 1)
+        return self._spaces
 
     def close(self) -> None:
         """Close the reference env."""
@@ -164,10 +187,16 @@ class Updater:
         self.retention = Retention(top_k=max(self.experiment.top_k, Retention.top_k))
         """Whose state blobs stay on disk (``LeaderboardStore.prune``)."""
         self.stored = 0
+        self.health = Health("updater", "checkpoints", STORE_BACKOFF)
+        """Down (with its reason) after a fault of this node: no checkpoints until a probe."""
+
+    def status(self) -> str:
+        """The heartbeat's status: why this node takes no checkpoints, if it does not."""
+        return "running" if self.health.down is None else f"unavailable: {self.health.down}"[:200]
 
     def _reevaluated(self, checkpoint: Checkpoint) -> Checkpoint:
         agent = self.validator.agent(checkpoint.algorithm, checkpoint.hparams, checkpoint.state)
-        eval_env = make_env(checkpoint.env, self.experiment.eval_episodes, "cpu")
+        eval_env = make_validation_env(checkpoint.env, self.experiment.eval_episodes)
         try:
             result = evaluate(lambda obs: agent.act(obs, True), eval_env,
                               self.experiment.eval_episodes)
@@ -201,18 +230,14 @@ class Updater:
         checkpoint = delivery.message
         try:
             new, changed = await asyncio.to_thread(self._accept, checkpoint)
-        except (ConfigError, SchemaError) as exc:
-            await delivery.reject(f"invalid checkpoint {checkpoint.id}: {exc}")
-            return
-        except PodracerError:
-            raise  # the store failed: the caller puts the checkpoint back for a retry
         except Exception as exc:
-            # Not a store failure but the message itself: hyperparameters whose reference
-            # agent cannot be built, integers SQLite cannot hold... Poison, not a crash.
+            # What no row of the table knows is the message itself: hyperparameters whose
+            # reference agent cannot be built, integers SQLite cannot hold... Poison.
+            verdict = judge(exc, unknown=Fault.MESSAGE)
+            if verdict.fault is not Fault.MESSAGE:
+                raise Faulted(verdict) from None  # ``settle`` retries or hands it back
             log.debug("traceback", exc_info=True)
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            await delivery.reject(f"invalid checkpoint {checkpoint.id}: "
-                                  f"{type(exc).__name__}: {first}")
+            await delivery.reject(f"invalid checkpoint {checkpoint.id}: {verdict.reason}")
             return
         await delivery.ack()
         if not new:
@@ -232,8 +257,8 @@ class Updater:
     async def settle(self, delivery: Delivery[Checkpoint]) -> bool:
         """``handle`` the delivery, retrying in place while the store fails (module doc).
 
-        False when the updater should stop consuming now (stopping during an outage:
-        the delivery went back to the queue)."""
+        False when the updater should stop consuming now (stopping during an outage, or
+        a fault of this node: the delivery went back to the queue)."""
         backoff = Backoff(*STORE_BACKOFF)
         held = time.monotonic()
         while True:
@@ -243,8 +268,13 @@ class Updater:
                     log.info("store is back: checkpoint %s stored after %d failed tries",
                              delivery.message.id[:8], backoff.attempt)
                 return True
-            except PodracerError as exc:
-                failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            except PodracerError as exc:  # judged by ``handle``, or the broker around it
+                verdict = judge(exc, unknown=Fault.MOMENT)
+                failure = verdict.reason
+                if verdict.fault is Fault.NODE:
+                    await delivery.nack(requeue=True)
+                    self.health.fail(f"checkpoint {delivery.message.id[:8]}: {failure}")
+                    return False
             if self.ctx.stopping.is_set() or time.monotonic() - held > MAX_HOLD_S:
                 log.error("checkpoint %s not stored: %s; returned to the queue",
                           delivery.message.id[:8], failure)
@@ -257,7 +287,8 @@ class Updater:
 
     async def serve(self, pods_done: asyncio.Event | None) -> None:
         """Consume checkpoints until drained (see ``main``); while the blob store cannot
-        be read (a claim check on a volume not mounted yet) stop consuming and back off."""
+        be read (a claim check on a volume not mounted yet) stop consuming and back off;
+        after a fault of this node, stop consuming and probe until it passes."""
         backoff = Backoff(*STORE_BACKOFF)
         while True:
             try:
@@ -267,14 +298,21 @@ class Updater:
                                                             DRAIN_IDLE_S, pods_done):
                         backoff.reset()
                         if not await self.settle(delivery):
-                            return  # stopping while the store is down
-                return
+                            break  # stopping while the store is down, or this node is
+                if self.health.down is None:
+                    return
             except StoreUnavailable as exc:
                 delay = backoff.next()
                 log.error("%s; not consuming for %.1f s", exc, delay)
                 await sleep_or_stop(self.ctx, delay)
                 if self.ctx.stopping.is_set():
                     return
+                continue
+            if not await self.health.recover(self.ctx, self._probe):
+                return
+
+    async def _probe(self) -> None:
+        await asyncio.to_thread(self.validator.ready)
 
 
 async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
@@ -289,7 +327,7 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
     with LeaderboardStore(settings.store) as store:
         async with connect(experiment=settings.experiment.name, blobs=blobs) as transport:
             updater = Updater(ctx, transport, store, registry, reevaluate)
-            ctx.heartbeat(transport, role="updater")
+            ctx.heartbeat(transport, role="updater", status_fn=updater.status)
             stop_task = asyncio.create_task(watch_stop(ctx, transport))
             try:
                 await updater.serve(pods_done)

@@ -14,7 +14,6 @@ from agents.build import resolve_config
 from agents.pod.continuity import EnvPool, ReplayCache, fit_rows, replay_rows, rows_bytes
 from agents.pod.learners import LearnerGroup, build_learners
 from agents.pod.runner import (
-    BuildError,
     ProcessWorker,
     RoundJob,
     RoundOutput,
@@ -26,6 +25,7 @@ from agents.pod.runner import (
 from agents.registry import default_registry
 from agents.replay import ReplayBuffer
 from broker.core.schemas import Budget
+from broker.runtime.faults import Fault, Faulted
 from envs.registry import make_env
 
 pytestmark = pytest.mark.timeout(120)
@@ -200,8 +200,9 @@ def test_process_worker_runs_rounds_like_a_thread_and_reports_bad_jobs() -> None
         # the same job gives the same transitions in a worker process and in a thread
         assert torch.equal(first.replay["replay.obs"], local.replay["replay.obs"])
         assert reports  # progress crossed the process boundary
-        with pytest.raises(BuildError, match=r"hparams\.batch_size"):
+        with pytest.raises(Faulted, match=r"hparams\.batch_size") as bad:
             worker.run(_job(40, hparams={**TINY, "batch_size": -1}))
+        assert bad.value.verdict.fault is Fault.MESSAGE  # judged in the worker process
         stop = threading.Event()
         stop.set()  # a stopped pod's round ends at once, and is still evaluated
         short = worker.run(_job(10**9, budget=Budget(seconds=600.0)), should_stop=stop.is_set)
