@@ -8,8 +8,6 @@ its own broker namespace (cleaned up afterwards); ``blob_root`` a blob directory
 
 from __future__ import annotations
 
-import functools
-import inspect
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -85,18 +83,11 @@ Wire = Callable[..., Callable[..., Any]]
 
 @pytest.fixture
 def wire() -> Wire:
-    """``wire(main, connect)``: a service's ``main`` with Podracer's registries and the
-    broker connection bound, as ``podracer serve`` and ``podracer train`` pass them."""
-    from agents.registry import default_registry
-    from leaderboard.selection import default_strategies
+    """``wire(main, connect)``: a service's ``main`` with what its role takes bound
+    (``podracer.roles``), as ``podracer serve`` and ``podracer train`` bind them."""
+    from podracer.roles import Wiring, bind
 
-    def bind(main: Callable[..., Any], connect: Any) -> Callable[..., Any]:
-        params = inspect.signature(main).parameters
-        kwargs: dict[str, Any] = {"connect": connect}
-        if "registry" in params:
-            kwargs["registry"] = default_registry()
-        if "strategies" in params:
-            kwargs["strategies"] = default_strategies()
-        return functools.partial(main, **kwargs)
+    def bind_main(main: Callable[..., Any], connect: Any) -> Callable[..., Any]:
+        return bind(main, Wiring(connect))
 
-    return bind
+    return bind_main
