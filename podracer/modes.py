@@ -286,6 +286,6 @@ def clean_end(url: str, experiment: str) -> None:
     log.info("clean end: %d waiting initialization(s) dropped, %d queue(s) deleted",
              dropped, len(deleted))
     for queue in left:
-        log.warning("%s keeps %d message(s)%s", queue.name, queue.ready,
+        log.warning("%s keeps %d message(s)%s", queue.name, queue.messages,
                     " (dead letters: podracer dead-letters)" if queue.name.endswith(".dead")
                     else " not stored yet: resume the run to store them")

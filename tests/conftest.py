@@ -51,23 +51,16 @@ def experiment(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def delete_experiment(url: str, experiment: str) -> None:
-    """Delete the queues and exchanges of ``experiment`` on the broker at ``url``."""
-    prefix = f"podracer.{experiment}"
-    params = pika.URLParameters(url)
-    params.connection_attempts = 1
-    params.socket_timeout = 3
+    """Delete the queues and exchanges of ``experiment`` on the broker at ``url`` (by the
+    topology's names, as ``podracer clean`` does)."""
+    from broker.core.errors import BrokerError
+    from broker.runtime.lifecycle import BrokerAdmin
+
     try:
-        connection = pika.BlockingConnection(params)
-    except (pika.exceptions.AMQPError, OSError):
+        with BrokerAdmin(url, experiment, timeout=3.0) as admin:
+            admin.delete_all()
+    except BrokerError:
         return  # broker gone: nothing we can clean
-    try:
-        channel = connection.channel()
-        for queue in ("generator", "updater", "generator.dead", "updater.dead"):
-            channel.queue_delete(f"{prefix}.{queue}")
-        for exchange in ("events", "dlx"):
-            channel.exchange_delete(f"{prefix}.{exchange}")
-    finally:
-        connection.close()
 
 
 @pytest.fixture

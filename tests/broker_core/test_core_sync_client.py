@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pika
 import pytest
+from conftest import delete_experiment
 from pika.adapters.blocking_connection import BlockingChannel
 
 from broker.core.errors import ConfigError, ConnectionClosed
@@ -31,13 +32,8 @@ def topology(amqp_url: str) -> Iterator[Topology]:
     try:
         yield topo
     finally:
-        ch = connection.channel()
-        for q in WORK_QUEUES:
-            ch.queue_delete(f"{topo.prefix}.{q}")
-            ch.queue_delete(topo.dead(q))
-        ch.exchange_delete(topo.events)
-        ch.exchange_delete(topo.dlx)
         connection.close()
+        delete_experiment(amqp_url, topo.experiment)
 
 
 @pytest.fixture
