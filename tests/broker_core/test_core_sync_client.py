@@ -7,13 +7,13 @@ from collections.abc import Iterator
 
 import pika
 import pytest
-from conftest import delete_experiment
 from pika.adapters.blocking_connection import BlockingChannel
 
 from broker.core.errors import ConfigError, ConnectionClosed
 from broker.core.messages import CONTENT_TYPE, decode_message, encode_message
 from broker.core.schemas import Heartbeat, Scale, Stop
 from broker.core.topology import DEAD_QUEUE_ARGS, WORK_QUEUES, Topology
+from broker.runtime.lifecycle import BrokerAdmin
 from broker.transports.sync_client import SyncClient
 
 
@@ -33,7 +33,8 @@ def topology(amqp_url: str) -> Iterator[Topology]:
         yield topo
     finally:
         connection.close()
-        delete_experiment(amqp_url, topo.experiment)
+        with BrokerAdmin(amqp_url, topo.experiment) as admin:  # by the topology's names
+            admin.delete_all()
 
 
 @pytest.fixture
