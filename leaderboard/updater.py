@@ -187,7 +187,7 @@ class Updater:
         self.retention = Retention(top_k=max(self.experiment.top_k, Retention.top_k))
         """Whose state blobs stay on disk (``LeaderboardStore.prune``)."""
         self.stored = 0
-        self.health = Health("updater", "checkpoints", STORE_BACKOFF)
+        self.health = Health(ctx.name, "checkpoints", STORE_BACKOFF)
         """Down (with its reason) after a fault of this node: no checkpoints until a probe."""
 
     def status(self) -> str:
