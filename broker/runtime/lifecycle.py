@@ -165,12 +165,8 @@ def experiments_on(management: Management) -> dict[str, list[QueueStats]]:
 
 class BrokerAdmin(SyncClient):
     """Blocking administration of one experiment's broker objects (a context manager);
-    connects like ``SyncClient`` (every node of a cluster URL)."""
-
-    def __init__(self, url: str, experiment: str, *, timeout: float = 10.0) -> None:
-        """Validate ``url`` and ``experiment`` (``ConfigError``); connect lazily."""
-        super().__init__(url, experiment, timeout=timeout)
-        self.url = url
+    connects like ``SyncClient`` (every node of a cluster URL) and has pika's errors
+    translated by it."""
 
     # -------------------------------------------------------------- queues
 
