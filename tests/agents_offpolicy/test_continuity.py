@@ -203,6 +203,7 @@ def test_process_worker_runs_rounds_like_a_thread_and_reports_bad_jobs() -> None
         with pytest.raises(Faulted, match=r"hparams\.batch_size") as bad:
             worker.run(_job(40, hparams={**TINY, "batch_size": -1}))
         assert bad.value.verdict.fault is Fault.MESSAGE  # judged in the worker process
+        worker.probe(_job(40))  # a node's probe: builds, trains nothing, raises nothing
         stop = threading.Event()
         stop.set()  # a stopped pod's round ends at once, and is still evaluated
         short = worker.run(_job(10**9, budget=Budget(seconds=600.0)), should_stop=stop.is_set)
