@@ -135,10 +135,10 @@ async def bench_podracer(url: str, size: int, count: int, window: int, prefetch:
 async def _delete(url: str, topology: Topology) -> None:
     async with await aio_pika.connect(url) as connection:
         channel = await connection.channel()
-        for name in (*topology.work_queues, topology.dead("generator"), topology.dead("updater")):
+        for name in topology.queues:
             await channel.queue_delete(name)
-        await channel.exchange_delete(topology.events)
-        await channel.exchange_delete(topology.dlx)
+        for exchange in topology.exchanges:
+            await channel.exchange_delete(exchange)
 
 
 def _row(label: str, result: Result, raw: Result | None) -> str:

@@ -48,7 +48,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import pika
 import psutil
 import torch
 
@@ -273,16 +272,10 @@ def _broker_pids() -> list[int]:
 
 
 def _delete(url: str, experiment: str) -> None:
-    prefix = f"podracer.{experiment}"
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        channel = connection.channel()
-        for queue in ("generator", "updater", "generator.dead", "updater.dead"):
-            channel.queue_delete(f"{prefix}.{queue}")
-        for exchange in ("events", "dlx"):
-            channel.exchange_delete(f"{prefix}.{exchange}")
-    finally:
-        connection.close()
+    from broker.runtime.lifecycle import BrokerAdmin
+
+    with BrokerAdmin(url, experiment) as admin:
+        admin.delete_all()
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -9,6 +9,7 @@ import numpy as np
 
 from broker.core.errors import ConfigError
 from broker.core.spaces import Spaces, SpaceSpec
+from envs.base import VecEnv
 from envs.registry import make_env
 
 
@@ -30,11 +31,16 @@ def gym_space(spec: SpaceSpec) -> gymnasium.spaces.Space[Any]:
     return gymnasium.spaces.Box(0, 1, spec.shape, dtype=np.dtype(spec.dtype))
 
 
+def spaces_of(vec: VecEnv) -> Spaces:
+    """The spaces of one copy of ``vec``."""
+    return Spaces(space_spec(vec.single_observation_space, "spaces.observation"),
+                  space_spec(vec.single_action_space, "spaces.action"))
+
+
 def read_spaces(env: str) -> Spaces:
     """The spaces of ``env``, read from one copy built here (needs its simulator)."""
     vec = make_env(env, 1, "cpu")
     try:
-        return Spaces(space_spec(vec.single_observation_space, "spaces.observation"),
-                      space_spec(vec.single_action_space, "spaces.action"))
+        return spaces_of(vec)
     finally:
         vec.close()

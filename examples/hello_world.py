@@ -12,17 +12,14 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from agents.pod import service as pod
-from agents.registry import default_registry
 from broker.core.settings import Settings, default_experiment
 from broker.runtime.service import ServiceContext
 from broker.transports.connect import connector
 from broker.transports.memory import MemoryBroker
-from leaderboard import generator, updater
-from leaderboard.selection import default_strategies
 from leaderboard.store import LeaderboardStore
-from orchestrator import service as orchestrator
 from orchestrator.embedded import TaskScaler
+from orchestrator.service import default_policy
+from podracer.roles import Wiring, service
 
 TARGET = -400.0
 
@@ -34,32 +31,30 @@ async def tournament(store: Path) -> None:
         target_score=TARGET, total_budget={"seconds": 50}, round_budget={"seconds": 10})
     settings = Settings(experiment, broker="memory://", store=store, torch_threads=1)
 
-    # 2. Registries (algorithms, selection strategies) and one broker connection: built
-    #    once where the program starts and handed to every service.
-    registry, strategies = default_registry(), default_strategies()
-    connect = connector("memory://", MemoryBroker())
+    # 2. What services share, built once where the program starts: one broker connection
+    #    and (made on first use) the algorithm and selection-strategy registries. Which
+    #    service takes what is one table, podracer.roles.
+    wiring = Wiring(connector("memory://", MemoryBroker()))
 
     # 3. Pods: the orchestrator starts and stops them through a scaler; here they are
     #    asyncio tasks whose rounds run in threads (`worker="process"`: a process each).
-    async def run_pod(ctx: ServiceContext[Settings]) -> int:
-        return await pod.main(ctx, registry=registry, connect=connect, worker="thread")
+    run_pod = service("pod", wiring, worker="thread")
     scaler = TaskScaler(run_pod, lambda name: replace(settings, name=name))
 
     # 4. The services. The updater ranks checkpoints into the store, the generator turns
     #    the leaderboard into new rounds; both subscribe before anyone can stop them.
     pods_done = asyncio.Event()
-    tasks = [asyncio.create_task(updater.main(ServiceContext(settings, "updater"),
-                                              registry=registry, connect=connect,
-                                              pods_done=pods_done)),
-             asyncio.create_task(generator.main(ServiceContext(settings, "generator"),
-                                                registry=registry, strategies=strategies,
-                                                connect=connect))]
+    tasks = [asyncio.create_task(service("updater", wiring, pods_done=pods_done)(
+                 ServiceContext(settings, "updater"))),
+             asyncio.create_task(service("generator", wiring)(
+                 ServiceContext(settings, "generator")))]
     await asyncio.sleep(0.2)
     # The orchestrator scales the pods and publishes control.stop at the target or the
     # budget; every service then drains and returns 0.
-    boss = asyncio.create_task(orchestrator.main(
-        ServiceContext(settings, "orchestrator"), scaler, connect=connect, remind_for_s=0.0,
-        policy=orchestrator.default_policy(settings, min_pods=experiment.pods)))
+    boss = asyncio.create_task(service(
+        "orchestrator", wiring, scaler=scaler, remind_for_s=0.0,
+        policy=default_policy(settings, min_pods=experiment.pods),
+    )(ServiceContext(settings, "orchestrator")))
     boss.add_done_callback(lambda _: pods_done.set())  # once its pods have returned
     print("exit codes (updater, generator, orchestrator):", await asyncio.gather(*tasks, boss))
 

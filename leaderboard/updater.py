@@ -14,12 +14,17 @@ For every ``Checkpoint`` on the ``updater`` queue it
 5. publishes ``leaderboard.changed`` with the top-K, the number of checkpoints and the
    env steps they cost (the orchestrator's stop condition reads them).
 
-A checkpoint that fails 1 is rejected to ``updater.dead`` with a one-line reason. A
-store that fails (disk full, volume gone, database locked) is a fault of the moment,
-not of the checkpoint: the updater keeps the delivery, stops consuming, and retries it
-with backoff (``STORE_BACKOFF``) until the store is back, so queued checkpoints do not
-burn their deliveries and land in ``updater.dead``. A delivery held ``MAX_HOLD_S`` goes
-back to the queue (RabbitMQ's ``consumer_timeout`` would take it anyway). On
+Whose fault a failure is, ``broker.runtime.faults`` decides. A checkpoint that fails 1
+is the message's fault: rejected to ``updater.dead`` with a one-line reason. A store
+that fails (disk full, volume gone, database locked) is a fault of the moment, not of
+the checkpoint: the updater keeps the delivery, stops consuming, and retries it with
+backoff (``STORE_BACKOFF``) until the store is back, so queued checkpoints do not burn
+their deliveries and land in ``updater.dead``. A delivery held ``MAX_HOLD_S`` goes
+back to the queue (RabbitMQ's ``consumer_timeout`` would take it anyway). A fault of
+this node (the experiment's env cannot be built here: a data file or simulator
+missing, out of memory) puts the checkpoint back; the updater stops consuming, says why
+in one line and on its heartbeat, and probes (builds the env again) with backoff before
+it consumes again. The validation env is built once and kept. On
 ``control.stop`` or SIGTERM the updater drains: it keeps storing what is in the queue
 until it has been idle for ``DRAIN_IDLE_S`` seconds, then exits 0; while the store is
 down it returns what it holds and exits.
@@ -41,20 +46,22 @@ from broker.core.blobstore import FileBlobStore
 from broker.core.errors import (
     BrokerError,
     ConfigError,
+    EnvUnavailable,
     PodracerError,
-    SchemaError,
     StoreUnavailable,
 )
 from broker.core.schemas import Checkpoint, LeaderboardChanged
 from broker.core.settings import Settings
 from broker.core.spaces import Spaces
 from broker.runtime.control import drain_until_idle, sleep_or_stop, watch_stop
+from broker.runtime.faults import Fault, Faulted, Health, judge, one_line
 from broker.runtime.service import ServiceContext
 from broker.runtime.supervise import Backoff
 from broker.transports.base import Delivery, Transport
 from broker.transports.connect import Connector
+from envs.base import VecEnv
 from envs.registry import make_env
-from envs.spaces import read_spaces
+from envs.spaces import spaces_of
 from leaderboard.contract import StateContract
 from leaderboard.store import LeaderboardStore, Retention
 
@@ -69,6 +76,18 @@ STORE_BACKOFF = (0.5, 30.0)
 MAX_HOLD_S = 15 * 60.0
 """A checkpoint held this long during a store outage goes back to the queue."""
 
+def make_validation_env(env: str, copies: int) -> VecEnv:
+    """``copies`` of this experiment's own env on the CPU. It depends on no message, so a
+    failure is this node's: ``EnvUnavailable``."""
+    try:
+        return make_env(env, copies, "cpu")
+    except EnvUnavailable:
+        raise
+    except Exception as exc:
+        raise EnvUnavailable(f"env {env[:200]} cannot be built here: {one_line(exc)}"
+                             ) from None
+
+
 class CheckpointValidator:
     """Checks a checkpoint against its experiment and the checkpoint contract
     (``leaderboard.contract``): no env and, per message, no agent."""
@@ -79,7 +98,23 @@ class CheckpointValidator:
         ``env`` now (which needs its simulator here)."""
         self.registry = registry
         self.env = env
-        self.contract = StateContract(registry, spaces or read_spaces(env))
+        self._spaces = spaces
+        self._contract: StateContract | None = None
+
+    def ready(self) -> StateContract:
+        """The contract, on the recorded spaces or, without them, on the spaces read once
+        from one copy of the env: ``EnvUnavailable`` (a fault of this node: a data file or
+        the simulator missing here) when it cannot be built."""
+        if self._contract is None:
+            spaces = self._spaces
+            if spaces is None:
+                vec = make_validation_env(self.env, 1)
+                try:
+                    spaces = spaces_of(vec)
+                finally:
+                    vec.close()
+            self._contract = StateContract(self.registry, spaces)
+        return self._contract
 
     def resolve(self, checkpoint: Checkpoint) -> Resolved:
         """The checkpoint's algorithm and config, resolved once (``ConfigError`` names a
@@ -92,7 +127,7 @@ class CheckpointValidator:
             raise ConfigError("env", f"checkpoint is for {checkpoint.env!r}, this experiment "
                               f"trains {self.env!r}")
         resolved = resolved or self.resolve(checkpoint)
-        self.contract.check(resolved, checkpoint.state)
+        self.ready().check(resolved, checkpoint.state)
         return resolved
 
 
@@ -113,9 +148,15 @@ class Updater:
         self.retention = Retention(top_k=max(self.experiment.top_k, Retention.top_k))
         """Whose state blobs stay on disk (``LeaderboardStore.prune``)."""
         self.stored = 0
+        self.health = Health(ctx.name, "checkpoints", STORE_BACKOFF)
+        """Down (with its reason) after a fault of this node: no checkpoints until a probe."""
+
+    def status(self) -> str:
+        """The heartbeat's status: why this node takes no checkpoints, if it does not."""
+        return "running" if self.health.down is None else f"unavailable: {self.health.down}"[:200]
 
     def _reevaluated(self, checkpoint: Checkpoint, resolved: Resolved) -> Checkpoint:
-        eval_env = make_env(checkpoint.env, self.experiment.eval_episodes, "cpu")
+        eval_env = make_validation_env(checkpoint.env, self.experiment.eval_episodes)
         try:
             agent = resolved.build(eval_env.single_observation_space,
                                    eval_env.single_action_space, torch.device("cpu"), 0,
@@ -153,18 +194,14 @@ class Updater:
         checkpoint = delivery.message
         try:
             new, changed = await asyncio.to_thread(self._accept, checkpoint)
-        except (ConfigError, SchemaError) as exc:
-            await delivery.reject(f"invalid checkpoint {checkpoint.id}: {exc}")
-            return
-        except PodracerError:
-            raise  # the store failed: the caller puts the checkpoint back for a retry
         except Exception as exc:
-            # Not a store failure but the message itself: hyperparameters whose reference
-            # agent cannot be built, integers SQLite cannot hold... Poison, not a crash.
+            # What no row of the table knows is the message itself: hyperparameters whose
+            # reference agent cannot be built, integers SQLite cannot hold... Poison.
+            verdict = judge(exc, unknown=Fault.MESSAGE)
+            if verdict.fault is not Fault.MESSAGE:
+                raise Faulted(verdict) from None  # ``settle`` retries or hands it back
             log.debug("traceback", exc_info=True)
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            await delivery.reject(f"invalid checkpoint {checkpoint.id}: "
-                                  f"{type(exc).__name__}: {first}")
+            await delivery.reject(f"invalid checkpoint {checkpoint.id}: {verdict.reason}")
             return
         await delivery.ack()
         if not new:
@@ -184,8 +221,8 @@ class Updater:
     async def settle(self, delivery: Delivery[Checkpoint]) -> bool:
         """``handle`` the delivery, retrying in place while the store fails (module doc).
 
-        False when the updater should stop consuming now (stopping during an outage:
-        the delivery went back to the queue)."""
+        False when the updater should stop consuming now (stopping during an outage, or
+        a fault of this node: the delivery went back to the queue)."""
         backoff = Backoff(*STORE_BACKOFF)
         held = time.monotonic()
         while True:
@@ -195,8 +232,13 @@ class Updater:
                     log.info("store is back: checkpoint %s stored after %d failed tries",
                              delivery.message.id[:8], backoff.attempt)
                 return True
-            except PodracerError as exc:
-                failure = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            except PodracerError as exc:  # judged by ``handle``, or the broker around it
+                verdict = judge(exc, unknown=Fault.MOMENT)
+                failure = verdict.reason
+                if verdict.fault is Fault.NODE:
+                    await delivery.nack(requeue=True)
+                    self.health.fail(f"checkpoint {delivery.message.id[:8]}: {failure}")
+                    return False
             if self.ctx.stopping.is_set() or time.monotonic() - held > MAX_HOLD_S:
                 log.error("checkpoint %s not stored: %s; returned to the queue",
                           delivery.message.id[:8], failure)
@@ -209,7 +251,8 @@ class Updater:
 
     async def serve(self, pods_done: asyncio.Event | None) -> None:
         """Consume checkpoints until drained (see ``main``); while the blob store cannot
-        be read (a claim check on a volume not mounted yet) stop consuming and back off."""
+        be read (a claim check on a volume not mounted yet) stop consuming and back off;
+        after a fault of this node, stop consuming and probe until it passes."""
         backoff = Backoff(*STORE_BACKOFF)
         while True:
             try:
@@ -219,14 +262,21 @@ class Updater:
                                                             DRAIN_IDLE_S, pods_done):
                         backoff.reset()
                         if not await self.settle(delivery):
-                            return  # stopping while the store is down
-                return
+                            break  # stopping while the store is down, or this node is
+                if self.health.down is None:
+                    return
             except StoreUnavailable as exc:
                 delay = backoff.next()
                 log.error("%s; not consuming for %.1f s", exc, delay)
                 await sleep_or_stop(self.ctx, delay)
                 if self.ctx.stopping.is_set():
                     return
+                continue
+            if not await self.health.recover(self.ctx, self._probe):
+                return
+
+    async def _probe(self) -> None:
+        await asyncio.to_thread(self.validator.ready)
 
 
 async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
@@ -240,10 +290,8 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
     blobs = FileBlobStore(settings.store)
     with LeaderboardStore(settings.store) as store:
         async with connect(experiment=settings.experiment.name, blobs=blobs) as transport:
-            # off the loop: without recorded spaces the validator reads one env copy
-            updater = await asyncio.to_thread(Updater, ctx, transport, store, registry,
-                                              reevaluate)
-            ctx.heartbeat(transport, role="updater")
+            updater = Updater(ctx, transport, store, registry, reevaluate)
+            ctx.heartbeat(transport, role="updater", status_fn=updater.status)
             stop_task = asyncio.create_task(watch_stop(ctx, transport))
             try:
                 await updater.serve(pods_done)

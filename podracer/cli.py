@@ -24,6 +24,7 @@ from broker.core.settings import (
     settings_from_env,
 )
 from orchestrator.scalers import SCALERS
+from podracer.roles import ROLES
 
 _BUDGET = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 _SECONDS = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
@@ -188,43 +189,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from agents.registry import default_registry
     from broker.runtime.supervise import run_supervised  # a crash restarts the service
     from broker.transports.connect import connector
+    from podracer.roles import Wiring, service
 
     settings = _serve_settings(args, args.role)
     name = settings.instance_name(args.role)
-    # the registries and the broker connection are built here, once, and passed in
-    connect = connector(settings.broker)
-    registry = default_registry()
-    if args.role == "pod":
-        from agents.pod import service as pod
-
-        return run_supervised(lambda ctx: pod.main(ctx, registry=registry, connect=connect),
-                           settings, name=name)
+    # what services share is built here, once; which of it each takes: podracer.roles
+    wiring = Wiring(connector(settings.broker))
+    options: dict[str, Any] = {}
     if args.role == "updater":
-        from leaderboard import updater
+        options = {"reevaluate": args.reevaluate}
+    elif args.role == "orchestrator":
+        from orchestrator.scalers import build_scaler
+        from orchestrator.service import default_policy
 
-        return run_supervised(lambda ctx: updater.main(ctx, registry=registry, connect=connect,
-                                                    reevaluate=args.reevaluate),
-                           settings, name=name)
-    if args.role == "generator":
-        from leaderboard import generator
-        from leaderboard.selection import default_strategies
-
-        strategies = default_strategies()
-        return run_supervised(lambda ctx: generator.main(ctx, registry=registry,
-                                                      strategies=strategies,
-                                                      connect=connect),
-                           settings, name=name)
-    from orchestrator import service
-    from orchestrator.scalers import build_scaler
-
-    scaler = build_scaler(args.scaler, settings, log_dir=args.log_dir)
-    policy = service.default_policy(settings, min_pods=args.min_pods)
-    return run_supervised(lambda ctx: service.main(ctx, scaler, connect=connect, policy=policy,
-                                                poll_s=args.poll),
-                       settings, name=name)
+        options = {"scaler": build_scaler(args.scaler, settings, log_dir=args.log_dir),
+                   "policy": default_policy(settings, min_pods=args.min_pods),
+                   "poll_s": args.poll}
+    return run_supervised(service(args.role, wiring, **options), settings, name=name)
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -265,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("serve", help="run one service (needs --broker)")
-    p.add_argument("role", choices=["updater", "generator", "pod", "orchestrator"])
+    p.add_argument("role", choices=list(ROLES))
     p.add_argument("--experiment", help="experiment file (env PODRACER_EXPERIMENT_FILE)")
     p.add_argument("--store", help="shared store directory (env PODRACER_STORE)")
     p.add_argument("--name", help="instance name (env PODRACER_POD)")

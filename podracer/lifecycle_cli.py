@@ -140,7 +140,7 @@ def experiment_rows(runs: Path, broker: str | None,
                 queues = admin.queues()
                 busy = admin.running()
             row = rows.setdefault(name, Row(name, state="queues only"))
-            row.dead = str(sum(q.ready for q in queues if q.name.endswith(".dead")))
+            row.dead = str(sum(q.messages for q in queues if q.name.endswith(".dead")))
             if busy is not None:
                 row.state = "running"
     return sorted(rows.values(), key=lambda r: r.name)

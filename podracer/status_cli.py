@@ -94,14 +94,14 @@ def _rate(value: float) -> str:
 
 def _queue_rows(broker: str, experiment: str, management: str | None) -> tuple[str, bool]:
     """The queue table, and whether the experiment's queues exist on the broker."""
-    from broker.core.topology import WORK_QUEUES
+    from broker.core.topology import QUEUES
     from broker.transports.sync_client import SyncClient
 
     head = ("queue", "ready", "consumers", "publish/s", "deliver/s", "ack/s")
     rows: list[tuple[str, ...]] = []
     found = False
     with SyncClient(broker, experiment) as client:
-        for short in (*WORK_QUEUES, *(f"{q}.dead" for q in WORK_QUEUES)):
+        for short in QUEUES:
             try:
                 stats = client.queue_stats(short)
             except ConfigError:  # not declared: services never started under this name

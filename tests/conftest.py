@@ -14,8 +14,6 @@ its own broker namespace (cleaned up afterwards); ``blob_root`` a blob directory
 from __future__ import annotations
 
 import fnmatch
-import functools
-import inspect
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -93,23 +91,16 @@ def experiment(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def delete_experiment(url: str, experiment: str) -> None:
-    """Delete the queues and exchanges of ``experiment`` on the broker at ``url``."""
-    prefix = f"podracer.{experiment}"
-    params = pika.URLParameters(url)
-    params.connection_attempts = 1
-    params.socket_timeout = 3
+    """Delete the queues and exchanges of ``experiment`` on the broker at ``url`` (by the
+    topology's names, as ``podracer clean`` does)."""
+    from broker.core.errors import BrokerError
+    from broker.runtime.lifecycle import BrokerAdmin
+
     try:
-        connection = pika.BlockingConnection(params)
-    except (pika.exceptions.AMQPError, OSError):
+        with BrokerAdmin(url, experiment, timeout=3.0) as admin:
+            admin.delete_all()
+    except BrokerError:
         return  # broker gone: nothing we can clean
-    try:
-        channel = connection.channel()
-        for queue in ("generator", "updater", "generator.dead", "updater.dead"):
-            channel.queue_delete(f"{prefix}.{queue}")
-        for exchange in ("events", "dlx"):
-            channel.exchange_delete(f"{prefix}.{exchange}")
-    finally:
-        connection.close()
 
 
 @pytest.fixture
@@ -125,18 +116,11 @@ Wire = Callable[..., Callable[..., Any]]
 
 @pytest.fixture
 def wire() -> Wire:
-    """``wire(main, connect)``: a service's ``main`` with Podracer's registries and the
-    broker connection bound, as ``podracer serve`` and ``podracer train`` pass them."""
-    from agents.registry import default_registry
-    from leaderboard.selection import default_strategies
+    """``wire(main, connect)``: a service's ``main`` with what its role takes bound
+    (``podracer.roles``), as ``podracer serve`` and ``podracer train`` bind them."""
+    from podracer.roles import Wiring, bind
 
-    def bind(main: Callable[..., Any], connect: Any) -> Callable[..., Any]:
-        params = inspect.signature(main).parameters
-        kwargs: dict[str, Any] = {"connect": connect}
-        if "registry" in params:
-            kwargs["registry"] = default_registry()
-        if "strategies" in params:
-            kwargs["strategies"] = default_strategies()
-        return functools.partial(main, **kwargs)
+    def bind_main(main: Callable[..., Any], connect: Any) -> Callable[..., Any]:
+        return bind(main, Wiring(connect))
 
-    return bind
+    return bind_main

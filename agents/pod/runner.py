@@ -35,14 +35,9 @@ from agents.pod.continuity import EnvPool, Rows, fit_rows, replay_rows
 from agents.pod.learners import LearnerGroup, build_learners
 from agents.pod.round import Progress, RoundResult, train_round
 from agents.replay import ReplayBuffer
-from broker.core.errors import (
-    ConfigError,
-    EnvUnavailable,
-    PodracerError,
-    ResourceExhausted,
-    TransientError,
-)
+from broker.core.errors import EnvUnavailable
 from broker.core.schemas import Budget
+from broker.runtime.faults import Fault, Faulted, Verdict, fault_of, judge, one_line
 from envs.base import VecEnv
 
 log = logging.getLogger(__name__)
@@ -76,24 +71,6 @@ class RoundOutput:
 
     result: RoundResult
     replay: Rows | None
-
-
-class BuildError(PodracerError):
-    """The job cannot be built: the message is unusable (it goes to the dead letters)."""
-
-
-def node_fault(exc: Exception) -> None:
-    """Raise ``exc`` as a ``TransientError`` when it is a fault of this node, not the job.
-
-    Out of GPU memory is ``ResourceExhausted``; a missing simulator (an ``ImportError``
-    while building the experiment's own env: the pod builds no other) is
-    ``EnvUnavailable``. Anything else returns: the caller decides."""
-    if isinstance(exc, TransientError):
-        raise exc
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
-        raise ResourceExhausted(f"out of GPU memory: {str(exc).splitlines()[0]}") from None
-    if isinstance(exc, ImportError):
-        raise EnvUnavailable(f"cannot import {exc.name or exc}: {exc}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,10 +109,27 @@ class RoundRunner:
         self._eval_every: dict[str, float] = {}
         """The evaluation interval each env's last round ended with."""
 
+    def _take_envs(self, name: str, copies: int) -> tuple[list[VecEnv], VecEnv]:
+        """The round's envs. The pod builds only its own experiment's env (``Pod.refusal``)
+        with a size its message had checked, so a failure here is this node's (a missing
+        data file or simulator, out of memory or descriptors): ``EnvUnavailable``."""
+        taken: list[VecEnv] = []
+        try:
+            for _ in range(self.config.learners):
+                taken.append(self.envs.take(name, copies))
+            taken.append(self.envs.take(name, self.config.eval_episodes))
+        except EnvUnavailable:
+            self._give_back(name, taken)
+            raise
+        except Exception as exc:
+            self._give_back(name, taken)
+            raise EnvUnavailable(f"env {name[:200]} cannot be built here: {one_line(exc)}"
+                                 ) from None
+        return taken[:-1], taken[-1]
+
     def _build(self, job: RoundJob) -> tuple[Agent, list[VecEnv], VecEnv]:
         config = job.resolved.config
-        envs = [self.envs.take(job.env, config.num_envs) for _ in range(self.config.learners)]
-        eval_env = self.envs.take(job.env, self.config.eval_episodes)
+        envs, eval_env = self._take_envs(job.env, config.num_envs)
         state = job.state
         if job.replay is not None and state is not None:
             capacity = getattr(config, "buffer_size", None)
@@ -145,29 +139,35 @@ class RoundRunner:
             agent = build_learners(self.registry, job.resolved, envs, self.device, job.seed,
                                    state, own_rng=job.own_rng)
         except BaseException:
-            self._give_back(job.env, envs, eval_env)
+            self._give_back(job.env, [*envs, eval_env])
             raise
         return agent, envs, eval_env
 
-    def _give_back(self, name: str, envs: list[VecEnv], eval_env: VecEnv) -> None:
-        for env in [*envs, eval_env]:
+    def _give_back(self, name: str, envs: list[VecEnv]) -> None:
+        for env in envs:
             self.envs.give_back(name, env.num_envs, env)
+
+    def probe(self, job: RoundJob) -> None:
+        """Build ``job`` (no training) to learn whether this node can work again after a
+        fault of its own; raises ``Faulted`` like ``run``."""
+        try:
+            _agent, envs, eval_env = self._build(job)
+        except Exception as exc:
+            raise fault_of(exc, unknown=Fault.MESSAGE) from None
+        self._give_back(job.env, [*envs, eval_env])
 
     def run(self, job: RoundJob, report: Report | None = None,
             should_stop: ShouldStop | None = None) -> RoundOutput:
-        """Build and train ``job``; ``BuildError`` when the job itself is unusable,
-        ``TransientError`` for a fault of this node (``node_fault``)."""
+        """Build and train ``job``; a failure raises ``Faulted`` with its verdict
+        (``broker.runtime.faults``)."""
         try:
             agent, envs, eval_env = self._build(job)
-        except ConfigError as exc:
-            raise BuildError(str(exc)) from None
         except Exception as exc:
-            node_fault(exc)
-            # Building depends only on the message: sizes that overflow an allocation, a
-            # state whose counters are not scalars... Every pod would fail the same way.
+            # Past the env (``_take_envs``), building depends only on the message: sizes
+            # that overflow an allocation, a state whose counters are not scalars... Every
+            # pod would fail the same way, unless the table knows it as this node's.
             log.debug("traceback", exc_info=True)
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            raise BuildError(f"{type(exc).__name__}: {first}") from None
+            raise fault_of(exc, unknown=Fault.MESSAGE) from None
         try:
             result = train_round(agent, envs[0], eval_env, job.budget,
                                  eval_every_s=self.config.eval_every_s, on_progress=report,
@@ -179,9 +179,11 @@ class RoundRunner:
             for env in [*envs, eval_env]:  # mid-episode state of a failed round: rebuild
                 env.close()
             if isinstance(exc, Exception):
-                node_fault(exc)
+                # a round that built may well train on another try or another pod
+                log.debug("traceback", exc_info=True)
+                raise fault_of(exc, unknown=Fault.MOMENT) from None
             raise
-        self._give_back(job.env, envs, eval_env)
+        self._give_back(job.env, [*envs, eval_env])
         if result.eval_every_s is not None:
             self._eval_every[job.env] = result.eval_every_s
         buffer = buffer_of(agent)
@@ -202,6 +204,10 @@ class ThreadWorker:
             should_stop: ShouldStop | None = None) -> RoundOutput:
         """See ``RoundRunner.run``."""
         return self.runner.run(job, report, should_stop)
+
+    def probe(self, job: RoundJob) -> None:
+        """See ``RoundRunner.probe``."""
+        self.runner.probe(job)
 
     def close(self) -> None:
         """Close the runner's envs."""
@@ -226,20 +232,21 @@ def _serve(conn: multiprocessing.connection.Connection, stop: Any,
 
     try:
         while True:
-            job = conn.recv()
-            if job is None:
+            request = conn.recv()
+            if request is None:
                 return
+            kind, job = request
             last[0] = -1.0
             try:
-                output = runner.run(job, report, stop.is_set)
-            except BuildError as exc:
-                conn.send(("build-error", str(exc)))
-            except TransientError as exc:
-                conn.send(("transient", exc))  # a local pipe to our own parent
+                if kind == "probe":
+                    runner.probe(job)
+                    conn.send(("done", None))
+                else:
+                    conn.send(("done", runner.run(job, report, stop.is_set)))
             except Exception as exc:
-                conn.send(("error", f"{type(exc).__name__}: {exc}"))
-            else:
-                conn.send(("done", output))
+                # judged here, where it happened (the output's tensors may not fit in
+                # /dev/shm either); only the verdict crosses the pipe
+                conn.send(("failed", judge(exc, unknown=Fault.MOMENT)))
     except (EOFError, KeyboardInterrupt, BrokenPipeError):
         return
     finally:
@@ -250,7 +257,7 @@ class ProcessWorker:
     """Runs rounds in a child process that lives as long as this worker (module doc).
 
     A worker whose process died is started again for the next round; the round it was
-    running fails with ``PodracerError`` (the pod returns it to the queue)."""
+    running fails as a fault of the moment (the pod returns it to the queue)."""
 
     def __init__(self, registry: AlgorithmRegistry, config: RunnerConfig,
                  make_env: Callable[[str, int, torch.device], VecEnv]) -> None:
@@ -275,6 +282,15 @@ class ProcessWorker:
     def run(self, job: RoundJob, report: Report | None = None,
             should_stop: ShouldStop | None = None) -> RoundOutput:
         """See ``RoundRunner.run``; blocks until the child process answers."""
+        output: RoundOutput = self._ask("run", job, report, should_stop)
+        return output
+
+    def probe(self, job: RoundJob) -> None:
+        """See ``RoundRunner.probe``."""
+        self._ask("probe", job, None, None)
+
+    def _ask(self, kind: str, job: RoundJob, report: Report | None,
+             should_stop: ShouldStop | None) -> Any:
         with self._lock:
             if self._proc is None or not self._proc.is_alive():
                 self.start()
@@ -282,7 +298,7 @@ class ProcessWorker:
             assert conn is not None
             self._stop.clear()
             try:
-                conn.send(job)
+                conn.send((kind, job))
                 while True:
                     if should_stop is not None and should_stop():
                         self._stop.set()
@@ -290,23 +306,23 @@ class ProcessWorker:
                         if not self._proc.is_alive():
                             raise EOFError
                         continue
-                    kind, payload = conn.recv()
-                    if kind == "progress":
+                    answer, payload = conn.recv()
+                    if answer == "progress":
                         if report is not None:
                             report(payload)
-                    elif kind == "done":
-                        output: RoundOutput = payload
-                        return output
-                    elif kind == "build-error":
-                        raise BuildError(payload)
-                    elif kind == "transient":
-                        raise payload
+                    elif answer == "done":
+                        return payload
                     else:
-                        raise PodracerError(payload)
+                        raise Faulted(payload)
             except (EOFError, BrokenPipeError, ConnectionResetError):
                 code = self._proc.exitcode
                 self._proc = None
-                raise PodracerError(f"round worker process died (exit code {code})") from None
+                raise Faulted(Verdict(Fault.MOMENT, "round worker process died (exit "
+                                                    f"code {code})")) from None
+            except Faulted:
+                raise
+            except Exception as exc:  # the job or the answer did not cross the pipe
+                raise fault_of(exc, unknown=Fault.MOMENT) from None
 
     def close(self) -> None:
         """Ask the child to finish and wait for it (then terminate it)."""

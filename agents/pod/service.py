@@ -17,10 +17,15 @@ published: a redelivery would diverge again). So:
 
 * a crash anywhere before the ack returns the initialization to the queue, where
   another pod takes it (after ``DELIVERY_LIMIT`` deliveries the broker dead-letters it);
-* an initialization the pod cannot use (unknown algorithm or env, bad hyperparameters,
+* whose fault a failed round is, ``broker.runtime.faults`` decides (``Pod.failed``): an
+  initialization the pod cannot use (unknown algorithm or env, bad hyperparameters,
   tensors of the wrong shape) is rejected to ``generator.dead`` with a one-line reason;
   so is one that names an env or algorithm outside the pod's own experiment: a message
-  is not a command, and nothing it names is imported or opened (``Pod.refusal``);
+  is not a command, and nothing it names is imported or opened (``Pod.refusal``). A
+  fault of this node (a data file or simulator missing here, out of memory or file
+  descriptors, a broken GPU) puts the round back; the pod stops taking rounds, says why
+  in one line and on its heartbeat, and probes (builds the experiment's own round)
+  before it takes another. A fault of the moment puts the round back after a backoff;
 * ``control.stop`` or SIGTERM ends the round early; the shortened round is still
   evaluated and published (the work is not lost), then the pod exits 0. Only a round
   that fails is put back (nack) for another pod;
@@ -34,16 +39,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from agents.base import AlgorithmRegistry
 from agents.build import resolve
+from agents.pod.chain import Chain
 from agents.pod.continuity import ReplayCache, default_cache_bytes
-from agents.pod.round import Progress, RoundResult, Snapshot
+from agents.pod.round import Progress
 from agents.pod.runner import (
-    BuildError,
     ProcessWorker,
     RoundJob,
     RoundOutput,
@@ -53,17 +59,11 @@ from agents.pod.runner import (
     Worker,
 )
 from broker.core.blobstore import FileBlobStore
-from broker.core.errors import (
-    BrokerError,
-    ConfigError,
-    EnvUnavailable,
-    PublishError,
-    StoreUnavailable,
-    TransientError,
-)
+from broker.core.errors import BrokerError, StoreUnavailable
 from broker.core.schemas import Budget, Checkpoint, Initialization, Metrics
 from broker.core.settings import Settings
 from broker.runtime.control import sleep_or_stop, watch_stop
+from broker.runtime.faults import Fault, Health, Verdict, judge
 from broker.runtime.service import ServiceContext
 from broker.runtime.supervise import Backoff
 from broker.transports.base import Delivery, Transport
@@ -89,68 +89,6 @@ def capped(budget: Budget) -> Budget:
     return Budget(steps=budget.steps, seconds=seconds)
 
 
-class _Chain:
-    """The checkpoints of one round: its intermediate bests (``agents.pod.round.Snapshot``),
-    each continued by the next, and the round's own, which keeps the initialization's id
-    (a redelivered round cannot add a second row; intermediate ids are ``<init>.<k>``)."""
-
-    def __init__(self, pod: Pod, init: Initialization) -> None:
-        self.pod = pod
-        self.init = init
-        self.parent_id = init.parent_id
-        self.generation = init.generation
-        self.links = 0
-        self.links_published: list[tuple[str, str | None]] = []
-        """(intermediate checkpoint id, its parent id), in order."""
-        self.env_steps = 0
-        self.seconds = 0.0
-        self._tasks: list[asyncio.Task[None]] = []
-
-    def _checkpoint(self, checkpoint_id: str, state: Mapping[str, torch.Tensor],
-                    score: tuple[float, float], env_steps: int, seconds: float,
-                    curve: list[tuple[float, float, int]]) -> Checkpoint:
-        init = self.init
-        checkpoint = Checkpoint(
-            experiment=init.experiment, id=checkpoint_id, init_id=init.id, pod=self.pod.ctx.name,
-            algorithm=init.algorithm, env=init.env, hparams=dict(init.hparams),
-            state={k: v.detach().cpu() for k, v in state.items()},
-            score_mean=score[0], score_std=score[1], env_steps=env_steps, wall_time=seconds,
-            parent_id=self.parent_id, generation=self.generation, curve=curve)
-        self.parent_id, self.generation = checkpoint_id, self.generation + 1
-        return checkpoint
-
-    def publish(self, snapshot: Snapshot) -> None:
-        """Publish an intermediate best (on the loop, after the ones before it)."""
-        self.links += 1
-        self.env_steps += snapshot.env_steps
-        self.seconds += snapshot.seconds
-        self.links_published.append((f"{self.init.id}.{self.links}", self.parent_id))
-        checkpoint = self._checkpoint(f"{self.init.id}.{self.links}", snapshot.state,
-                                      (snapshot.score_mean, snapshot.score_std),
-                                      snapshot.env_steps, snapshot.seconds, [])
-        previous = self._tasks[-1] if self._tasks else None
-        self._tasks.append(asyncio.get_running_loop().create_task(
-            self._send(checkpoint, previous)))
-
-    async def _send(self, checkpoint: Checkpoint, previous: asyncio.Task[None] | None) -> None:
-        if previous is not None:
-            await asyncio.shield(previous)
-        if not await self.pod.publish_checkpoint(checkpoint):
-            raise PublishError(f"intermediate checkpoint {checkpoint.id} not published")
-        log.info("%s: round %s: intermediate best %.2f published", self.pod.ctx.name,
-                 self.init.id[:8], checkpoint.score_mean)
-
-    async def published(self) -> None:
-        """Wait for the intermediate bests to be confirmed (a failure raises)."""
-        await asyncio.gather(*self._tasks)
-
-    def last(self, result: RoundResult, state: Mapping[str, torch.Tensor]) -> Checkpoint:
-        """The round's own checkpoint, continuing the last intermediate one."""
-        return self._checkpoint(self.init.id, state, (result.score_mean, result.score_std),
-                                max(0, result.env_steps - self.env_steps),
-                                max(0.0, result.wall_time - self.seconds), result.curve)
-
-
 class Pod:
     """Handles initializations one by one for a running pod service."""
 
@@ -163,12 +101,15 @@ class Pod:
         self.cache = cache
         self.status = "idle"
         self.rounds = 0
-        self.unavailable: str | None = None
-        """Why this node cannot run the experiment's env (it then takes no rounds)."""
+        self.health = Health(ctx.name, "rounds", TRANSIENT_BACKOFF)
+        """Down (with its reason) after a fault of this node: no rounds until a probe."""
+        self._probe_job: RoundJob | None = None
+        """What the probe builds: the experiment's own version of the failed round."""
         self.backoff = Backoff(*TRANSIENT_BACKOFF)
-        """Delays before a round that failed on this node goes back to the queue."""
-        self.running: asyncio.Future[RoundOutput] | None = None
-        """The round in the worker (it outlives a cancelled ``handle``: see ``main``)."""
+        """Delays before a round that failed for a moment goes back to the queue."""
+        self.running: asyncio.Future[Any] | None = None
+        """The round (or probe) in the worker (it outlives a cancelled ``handle``: see
+        ``main``)."""
         self._progress: asyncio.Queue[Progress] = asyncio.Queue(maxsize=64)
 
     # ---------------------------------------------------------------- one round
@@ -182,7 +123,7 @@ class Pod:
                         replay=self.cache.get(init.parent_id) if child else None,
                         own_rng=child, target=self.ctx.settings.experiment.target_score)
 
-    def _report(self, loop: asyncio.AbstractEventLoop, chain: _Chain
+    def _report(self, loop: asyncio.AbstractEventLoop, chain: Chain
                 ) -> Callable[[Progress], None]:
         last = -METRICS_EVERY_S
 
@@ -226,11 +167,10 @@ class Pod:
             return
         try:
             job = self._job(init)
-        except Exception as exc:  # resolving depends only on the message: refuse it
-            why = exc if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
-            await delivery.reject(f"unusable initialization {init.id}: {why}"[:1000])
+        except Exception as exc:  # resolving depends only on the message
+            await self.failed(delivery, judge(exc, unknown=Fault.MESSAGE))
             return
-        chain = _Chain(self, init)
+        chain = Chain(self, init)
         self.status = f"training {init.algorithm}"
         log.info("%s: round %s (%s, generation %d, parent %s%s)", self.ctx.name, init.id[:8],
                  init.algorithm, init.generation, (init.parent_id or "fresh")[:8],
@@ -239,25 +179,11 @@ class Pod:
         try:
             output = await self._run(job, chain)
             await chain.published()
-        except BuildError as exc:
-            await delivery.reject(f"unusable initialization {init.id}: {exc}")
-            return
-        except EnvUnavailable as exc:
-            # this node cannot run the experiment's env: hand the round to one that can
-            # and take no more (``serve`` stops consuming)
-            self.unavailable = str(exc)
-            await delivery.nack(requeue=True)
-            return
         except Exception as exc:
-            # a fault of this node or moment (out of GPU memory, store unwritable, a
-            # worker that died): back off, then put the round back for any pod
-            delay = self.backoff.next()
-            log.error("%s: round %s failed: %s: %s; returning it to the queue in %.1f s",
-                      self.ctx.name, init.id[:8], type(exc).__name__,
-                      str(exc).splitlines()[0] if str(exc) else "", delay)
+            # the worker judged the build and the training (``RoundRunner.run``); what
+            # fails here otherwise (a publish, a worker) may pass
             log.debug("traceback", exc_info=True)
-            await sleep_or_stop(self.ctx, delay)
-            await delivery.nack(requeue=True)
+            await self.failed(delivery, judge(exc, unknown=Fault.MOMENT))
             return
         finally:
             self.status = "idle"
@@ -287,7 +213,34 @@ class Pod:
                  result.env_steps, result.wall_time,
                  " (target reached)" if result.reached_target else "")
 
-    async def _run(self, job: RoundJob, chain: _Chain) -> RoundOutput:
+    async def failed(self, delivery: Delivery[Initialization], verdict: Verdict) -> None:
+        """Settle the delivery of a round that failed, as ``verdict`` says (module doc)."""
+        init = delivery.message
+        if verdict.fault is Fault.MESSAGE:
+            await delivery.reject(f"unusable initialization {init.id}: {verdict.reason}")
+        elif verdict.fault is Fault.NODE:
+            # hand the round to a pod that can, and take no more until a probe passes
+            # (``serve``): the probe builds the experiment's own version of this round
+            self.health.fail(f"round {init.id[:8]}: {verdict.reason}")
+            pinned = self.ctx.settings.experiment.overrides_for(init.algorithm)
+            self._probe_job = RoundJob(
+                resolved=resolve(self.registry, init.algorithm, pinned), env=init.env,
+                seed=init.seed, budget=capped(init.budget))
+            await delivery.nack(requeue=True)
+        else:
+            delay = self.backoff.next()
+            log.error("%s: round %s failed: %s; returning it to the queue in %.1f s",
+                      self.ctx.name, init.id[:8], verdict.reason, delay)
+            await sleep_or_stop(self.ctx, delay)
+            await delivery.nack(requeue=True)
+
+    async def _probe(self) -> None:
+        assert self._probe_job is not None
+        self.running = asyncio.get_running_loop().run_in_executor(
+            None, self.worker.probe, self._probe_job)
+        await asyncio.shield(self.running)
+
+    async def _run(self, job: RoundJob, chain: Chain) -> RoundOutput:
         """Run ``job`` on the worker; the round's thread is kept in ``self.running`` so
         that a cancelled pod (second signal) waits for it before closing its envs."""
         loop = asyncio.get_running_loop()
@@ -314,7 +267,9 @@ class Pod:
                 await self.transport.publish("updater", checkpoint)
                 self.status = status
                 return True
-            except (TransientError, BrokerError) as exc:
+            except Exception as exc:
+                if judge(exc, unknown=Fault.MESSAGE).fault is Fault.MESSAGE:
+                    raise  # this checkpoint can never be published: its round is at fault
                 if self.ctx.stopping.is_set() and backoff.attempt >= STOPPING_TRIES:
                     log.error("%s: checkpoint %s not published: %s; stopping, so its round "
                               "goes back to the queue", self.ctx.name, checkpoint.id[:8], exc)
@@ -328,8 +283,8 @@ class Pod:
 
     async def serve(self) -> None:
         """Take initializations until stopping; stop consuming while this node cannot do
-        the work: the store unreadable (back off, then consume again), or the
-        experiment's env not buildable here (for good: say so, keep heartbeating)."""
+        the work: the store unreadable (back off, then consume again), or after a fault
+        of this node (say so on the heartbeat, probe with backoff, then consume again)."""
         backoff = Backoff(*TRANSIENT_BACKOFF)
         while not self.ctx.stopping.is_set():
             try:
@@ -337,7 +292,7 @@ class Pod:
                                                   expect=Initialization) as inbox:
                     async for delivery in self.ctx.until_stopping(inbox):
                         await self.handle(delivery)
-                        if self.unavailable is not None:
+                        if self.health.down is not None:
                             break
             except StoreUnavailable as exc:
                 self.status = "waiting for the blob store"
@@ -345,13 +300,12 @@ class Pod:
                 log.error("%s: %s; not consuming for %.1f s", self.ctx.name, exc, delay)
                 await sleep_or_stop(self.ctx, delay)
                 continue
-            if self.unavailable is None:
+            if self.health.down is None:
                 return
-            self.status = f"unavailable: {self.unavailable}"[:200]
-            log.error("%s: cannot run this experiment's env %r on this node: %s; stopped "
-                      "taking rounds (the queue keeps them for pods that can)", self.ctx.name,
-                      self.ctx.settings.experiment.env, self.unavailable)
-            await self.ctx.stopping.wait()
+            self.status = f"unavailable: {self.health.down}"[:200]
+            if not await self.health.recover(self.ctx, self._probe):
+                return
+            self.status = "idle"
 
     # ---------------------------------------------------------------- side tasks
 

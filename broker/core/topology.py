@@ -54,6 +54,9 @@ WORK_QUEUES: tuple[str, ...] = ("generator", "updater")
 DEAD_QUEUES: tuple[str, ...] = tuple(f"{queue}.dead" for queue in WORK_QUEUES)
 """Short names of the dead-letter queues, one per work queue (``generator.dead``)."""
 
+QUEUES: tuple[str, ...] = (*WORK_QUEUES, *DEAD_QUEUES)
+"""Short names of every durable queue of an experiment (work queues, then dead letters)."""
+
 QUEUE_ARGS: Mapping[str, Any] = MappingProxyType(
     {"x-queue-type": "quorum", "x-delivery-limit": DELIVERY_LIMIT}
 )
@@ -140,6 +143,17 @@ class Topology:
     def dead_queues(self) -> tuple[str, ...]:
         """Full names of the dead-letter queues (generator.dead, updater.dead)."""
         return tuple(self.dead(queue) for queue in WORK_QUEUES)
+
+    @property
+    def queues(self) -> tuple[str, ...]:
+        """Full names of every durable queue of the experiment (``QUEUES``): what
+        deleting an experiment deletes (subscriber queues go with their connections)."""
+        return (*self.work_queues, *self.dead_queues)
+
+    @property
+    def exchanges(self) -> tuple[str, ...]:
+        """Full names of the experiment's exchanges (events, dlx)."""
+        return (self.events, self.dlx)
 
     def subscriber(self, service: str, who: str) -> str:
         """Name of a subscriber queue: ``<prefix>.events.<service>.<who>``, so the

@@ -24,7 +24,8 @@ after its services run::
   ``requeue`` publishes dead letters back to their work queue with confirms and only
   then acks them; ``purge_dead`` empties a dead-letter queue.
 
-Every pika or HTTP failure is translated once, here, into ``broker.core.errors``.
+Every HTTP failure is translated once, here, into ``broker.core.errors``; pika's are
+translated by ``SyncClient``, which ``BrokerAdmin`` is.
 """
 
 from __future__ import annotations
@@ -36,16 +37,14 @@ import logging
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import pika
-import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
 from broker.core.errors import BrokerError, ConfigError, ConnectionClosed
-from broker.core.topology import PREFIX, WORK_QUEUES, Topology
+from broker.core.topology import PREFIX, QUEUES, WORK_QUEUES, Topology
 from broker.transports.base import (
     BROKER_DEATH_HEADERS,
     HEADER_QUEUE,
@@ -54,9 +53,15 @@ from broker.transports.base import (
     HEADER_TIME,
     DeadLetterInfo,
     describe_dead,
-    redact,
 )
-from broker.transports.sync_client import SyncClient
+from broker.transports.sync_client import (
+    InUse,
+    Nacked,
+    NotDeclared,
+    QueueStats,
+    SyncClient,
+    Unroutable,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -64,17 +69,7 @@ T = TypeVar("T")
 MANAGEMENT_PORT = 15672
 HTTP_TIMEOUT_S = 5.0
 _NOT_FOUND = 404
-_PRECONDITION_FAILED = 406
 _OURS = (HEADER_SERVICE, HEADER_REASON, HEADER_TIME, HEADER_QUEUE)
-
-
-@dataclass(frozen=True)
-class QueueInfo:
-    """One queue of an experiment as the broker reports it."""
-
-    name: str
-    ready: int
-    consumers: int
 
 
 # ------------------------------------------------------------------ management API
@@ -150,17 +145,16 @@ class Management:
                 raise
 
 
-def experiments_on(management: Management) -> dict[str, list[QueueInfo]]:
+def experiments_on(management: Management) -> dict[str, list[QueueStats]]:
     """Experiment name -> its work and dead-letter queues, for every experiment the
     broker holds queues of (subscriber queues are left out)."""
-    out: dict[str, list[QueueInfo]] = {}
-    suffixes = (*WORK_QUEUES, *(f"{q}.dead" for q in WORK_QUEUES))
+    out: dict[str, list[QueueStats]] = {}
     for queue in management.queues():
         name = str(queue["name"])
-        for suffix in suffixes:
+        for suffix in QUEUES:
             experiment = name.removeprefix(PREFIX + ".").removesuffix("." + suffix)
             if name == f"{PREFIX}.{experiment}.{suffix}" and "." not in experiment:
-                out.setdefault(experiment, []).append(QueueInfo(
+                out.setdefault(experiment, []).append(QueueStats(
                     name, int(queue.get("messages_ready") or queue.get("messages") or 0),
                     int(queue.get("consumers") or 0)))
     return out
@@ -171,16 +165,12 @@ def experiments_on(management: Management) -> dict[str, list[QueueInfo]]:
 
 class BrokerAdmin(SyncClient):
     """Blocking administration of one experiment's broker objects (a context manager);
-    connects like ``SyncClient`` (every node of a cluster URL)."""
-
-    def __init__(self, url: str, experiment: str, *, timeout: float = 10.0) -> None:
-        """Validate ``url`` and ``experiment`` (``ConfigError``); connect lazily."""
-        super().__init__(url, experiment, timeout=timeout)
-        self.url = url
+    connects like ``SyncClient`` (every node of a cluster URL) and has pika's errors
+    translated by it."""
 
     # -------------------------------------------------------------- queues
 
-    def running(self) -> QueueInfo | None:
+    def running(self) -> QueueStats | None:
         """The ``updater`` queue if something consumes it (the experiment runs: it has
         one updater), else None. Pods alone do not count: pods orphaned by a killed
         ``train`` keep consuming the ``generator`` queue, and a resumed run puts them
@@ -188,10 +178,10 @@ class BrokerAdmin(SyncClient):
         found = self._passive(self.topology.updater)
         return found if found is not None and found.consumers else None
 
-    def queues(self) -> list[QueueInfo]:
+    def queues(self) -> list[QueueStats]:
         """The work and dead-letter queues that exist (missing ones left out)."""
         found = []
-        for name in (*self.topology.work_queues, *self.topology.dead_queues):
+        for name in self.topology.queues:
             info = self._passive(name)
             if info is not None:
                 found.append(info)
@@ -202,25 +192,23 @@ class BrokerAdmin(SyncClient):
         name = self._name(queue)
         if self._passive(name) is None:
             return 0
-        ok = self._admin_call(lambda ch: ch.queue_purge(name), what=name)
+        ok = self._call(lambda ch: ch.queue_purge(name), what=name)
         return int(ok.method.message_count or 0)
 
     def delete_idle(self) -> list[str]:
         """Delete every queue of the experiment that is empty and unused, and its
         exchanges once nothing is bound to them; returns the queues deleted."""
-        deleted = []
-        for name in (*self.topology.work_queues, *self.topology.dead_queues):
-            if self._delete_queue(name, if_idle=True):
-                deleted.append(name)
-        for exchange in (self.topology.events, self.topology.dlx):
+        deleted = [name for name in self.topology.queues
+                   if self._delete_queue(name, if_idle=True)]
+        for exchange in self.topology.exchanges:
             self._delete_exchange(exchange, if_unused=True)
         return deleted
 
     def delete_all(self) -> list[str]:
         """Delete every queue and exchange of the experiment, messages and all."""
-        deleted = [name for name in (*self.topology.work_queues, *self.topology.dead_queues)
+        deleted = [name for name in self.topology.queues
                    if self._delete_queue(name, if_idle=False)]
-        for exchange in (self.topology.events, self.topology.dlx):
+        for exchange in self.topology.exchanges:
             self._delete_exchange(exchange, if_unused=False)
         return deleted
 
@@ -232,7 +220,7 @@ class BrokerAdmin(SyncClient):
         dead = self.topology.dead(queue.removesuffix(".dead"))
         if self._passive(dead) is None:
             return []
-        return self._admin_call(lambda ch: self._peek_info(ch, dead, limit), what=dead)
+        return self._call(lambda ch: self._peek_info(ch, dead, limit), what=dead)
 
     def _peek_info(self, channel: BlockingChannel, dead: str, limit: int) -> list[DeadLetterInfo]:
         letters: list[DeadLetterInfo] = []
@@ -258,7 +246,11 @@ class BrokerAdmin(SyncClient):
         dead, target = self.topology.dead(short), self._name(short)
         if self._passive(dead) is None:
             return 0
-        return self._admin_call(lambda ch: self._requeue(ch, dead, target, ids), what=dead)
+        try:
+            return self._call(lambda ch: self._requeue(ch, dead, target, ids), what=dead)
+        except (Unroutable, Nacked):
+            raise BrokerError(f"{dead}: the broker did not take the message back; it stays "
+                              "in the dead-letter queue") from None
 
     def _requeue(self, channel: BlockingChannel, dead: str, target: str,
                  ids: Collection[str] | None) -> int:
@@ -295,18 +287,17 @@ class BrokerAdmin(SyncClient):
     def _name(self, queue: str) -> str:
         prefix = self.topology.prefix + "."
         full = queue if queue.startswith(prefix) else prefix + queue
-        allowed = (*self.topology.work_queues, *self.topology.dead_queues)
-        if full not in allowed:
+        if full not in self.topology.queues:
             raise ConfigError("--queue", f"unknown queue {queue!r}",
                               f"use one of {', '.join(WORK_QUEUES)}")
         return full
 
-    def _passive(self, name: str) -> QueueInfo | None:
+    def _passive(self, name: str) -> QueueStats | None:
         try:
-            ok = self._admin_call(lambda ch: ch.queue_declare(name, passive=True), what=name)
-        except _Missing:
+            ok = self._call(lambda ch: ch.queue_declare(name, passive=True), what=name)
+        except NotDeclared:
             return None
-        return QueueInfo(name, int(ok.method.message_count), int(ok.method.consumer_count))
+        return QueueStats(name, int(ok.method.message_count), int(ok.method.consumer_count))
 
     def _delete_queue(self, name: str, *, if_idle: bool) -> bool:
         found = self._passive(name)
@@ -316,47 +307,16 @@ class BrokerAdmin(SyncClient):
             # Quorum queues refuse queue.delete with if-empty/if-unused (NOT_IMPLEMENTED),
             # so the check is ours: a message published between it and the delete would
             # go with the queue. Called once every service of the run has exited.
-            if found.ready or found.consumers:
+            if found.messages or found.consumers:
                 return False
             if_idle = False
         try:
-            self._admin_call(lambda ch: ch.queue_delete(name, if_unused=if_idle, if_empty=if_idle),
+            self._call(lambda ch: ch.queue_delete(name, if_unused=if_idle, if_empty=if_idle),
                        what=name)
-        except (_Missing, _InUse):
+        except (NotDeclared, InUse):
             return False
         return True
 
     def _delete_exchange(self, name: str, *, if_unused: bool) -> None:
-        with contextlib.suppress(_Missing, _InUse):
-            self._admin_call(lambda ch: ch.exchange_delete(name, if_unused=if_unused), what=name)
-
-    def _admin_call(self, op: Callable[[BlockingChannel], T], *, what: str) -> T:
-        try:
-            return op(self._channel())
-        except pika.exceptions.ChannelClosedByBroker as exc:
-            if exc.reply_code == _NOT_FOUND:
-                raise _Missing() from None
-            if exc.reply_code == _PRECONDITION_FAILED:
-                raise _InUse() from None
-            raise BrokerError(f"{what}: broker closed the channel: {exc.reply_text}") from None
-        except (pika.exceptions.UnroutableError, pika.exceptions.NackError):
-            raise BrokerError(f"{what}: the broker did not take the message back; "
-                              "it stays in the dead-letter queue") from None
-        except pika.exceptions.AMQPConnectionError as exc:
-            self.close()
-            raise ConnectionClosed(f"{redact(self.url)}: {type(exc).__name__} {exc}"
-                                   ) from None
-        except pika.exceptions.AMQPError as exc:
-            self.close()
-            raise BrokerError(f"{what}: {type(exc).__name__} {exc}") from None
-        except OSError as exc:
-            self.close()
-            raise ConnectionClosed(f"{redact(self.url)}: {exc}") from None
-
-
-class _Missing(Exception):
-    """Internal: the queue or exchange does not exist (404)."""
-
-
-class _InUse(Exception):
-    """Internal: not deleted, it holds messages or has consumers/bindings (406)."""
+        with contextlib.suppress(NotDeclared, InUse):
+            self._call(lambda ch: ch.exchange_delete(name, if_unused=if_unused), what=name)

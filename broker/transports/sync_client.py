@@ -35,7 +35,7 @@ from broker.core import codec
 from broker.core.errors import BrokerError, ConfigError, ConnectionClosed, PublishError
 from broker.core.messages import CLAIM_CONTENT_TYPE, encode_message
 from broker.core.schemas import Scale, Stop
-from broker.core.topology import DEAD_QUEUES, WORK_QUEUES, Topology
+from broker.core.topology import DEAD_QUEUES, QUEUES, WORK_QUEUES, Topology
 from broker.transports.tls import ssl_context_from_env
 from broker.transports.urls import amqp_addresses
 
@@ -47,6 +47,7 @@ PREVIEW_CHARS = 160
 REQUEUE_WAIT = 2.0
 """Seconds ``peek_dead`` waits for the broker to requeue what it peeked."""
 _NOT_FOUND = 404
+_PRECONDITION_FAILED = 406
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,17 @@ class DeadLetter:
     """A short, safe rendering of the body (tensors summarized, never executed)."""
     headers: dict[str, Any] = field(default_factory=dict)
     """All AMQP headers as received (``x-death``, ``x-first-death-*``, ...)."""
+
+
+class NotDeclared(ConfigError):
+    """The queue or exchange does not exist on the broker (404): a wrong experiment name,
+    services not started yet, or deleted already."""
+
+
+class InUse(BrokerError):
+    """The broker refused the operation as the object is (406, PRECONDITION_FAILED): a
+    queue not deleted because it holds messages or has consumers, an exchange with
+    bindings."""
 
 
 class SyncClient:
@@ -122,8 +134,7 @@ class SyncClient:
 
     def stats(self) -> list[QueueStats]:
         """Stats of the work queues and their dead-letter queues."""
-        names = [*WORK_QUEUES, *DEAD_QUEUES]
-        return [self.queue_stats(name) for name in names]
+        return [self.queue_stats(name) for name in QUEUES]
 
     def peek_dead(self, queue: str, n: int = 10) -> list[DeadLetter]:
         """Up to ``n`` dead letters of ``queue`` (work or ``.dead`` name), left in place.
@@ -190,11 +201,11 @@ class SyncClient:
                                                        mandatory=True), what=events)
                 log.info("published %s %s", routing_key, msg.id)
                 return True
-            except _Unroutable:
+            except Unroutable:
                 log.info("published %s %s but no queue is bound to receive it",
                          routing_key, msg.id)
                 return False
-            except _Nacked:
+            except Nacked:
                 log.warning("broker nacked %s (attempt %d/%d)", msg.id, attempt, PUBLISH_TRIES)
                 if attempt < PUBLISH_TRIES:
                     time.sleep(0.2 * 2**attempt)
@@ -209,7 +220,7 @@ class SyncClient:
             return prefix + short
         if short in DEAD_QUEUES:
             return self.topology.dead(short.removesuffix(".dead"))
-        *names, last = (*WORK_QUEUES, *DEAD_QUEUES)
+        *names, last = QUEUES
         raise ConfigError("queue", f"unknown queue {name!r}", f"use {', '.join(names)} or {last}")
 
     def _channel(self) -> BlockingChannel:
@@ -228,16 +239,18 @@ class SyncClient:
         try:
             return op(self._channel())
         except pika.exceptions.UnroutableError:
-            raise _Unroutable() from None
+            raise Unroutable(f"{what}: no queue took the message") from None
         except pika.exceptions.NackError:
-            raise _Nacked() from None
+            raise Nacked(f"{what}: the broker refused the message") from None
         except pika.exceptions.ChannelClosedByBroker as e:
             if e.reply_code == _NOT_FOUND:
-                raise ConfigError(
+                raise NotDeclared(
                     "experiment",
                     f"{what} does not exist on the broker",
                     "check the experiment name; services declare it when they start",
                 ) from None
+            if e.reply_code == _PRECONDITION_FAILED:
+                raise InUse(f"{what}: {e.reply_text}") from None
             raise BrokerError(f"{what}: broker closed the channel: {e.reply_text}") from None
         except pika.exceptions.AMQPConnectionError as e:
             self.close()
@@ -269,12 +282,12 @@ def _parameters(address: str, timeout: float) -> pika.URLParameters:
     return params
 
 
-class _Unroutable(Exception):
-    """Internal: a mandatory publish reached no queue."""
+class Unroutable(BrokerError):
+    """A mandatory publish reached no queue."""
 
 
-class _Nacked(Exception):
-    """Internal: the broker nacked a confirmed publish."""
+class Nacked(BrokerError):
+    """The broker nacked a confirmed publish."""
 
 
 def _describe(e: BaseException) -> str:

@@ -14,7 +14,6 @@ from agents.build import resolve, resolve_config
 from agents.pod.continuity import EnvPool, ReplayCache, fit_rows, replay_rows, rows_bytes
 from agents.pod.learners import LearnerGroup, build_learners
 from agents.pod.runner import (
-    BuildError,
     ProcessWorker,
     RoundJob,
     RoundOutput,
@@ -27,6 +26,7 @@ from agents.registry import default_registry
 from agents.replay import ReplayBuffer
 from broker.core.errors import ConfigError
 from broker.core.schemas import Budget
+from broker.runtime.faults import Fault, Faulted
 from envs.registry import make_env
 
 pytestmark = pytest.mark.timeout(120)
@@ -205,8 +205,10 @@ def test_process_worker_runs_rounds_like_a_thread_and_reports_bad_jobs() -> None
         assert reports  # progress crossed the process boundary
         with pytest.raises(ConfigError, match=r"hparams\.batch_size"):
             _job(40, hparams={**TINY, "batch_size": -1})  # refused where it is resolved
-        with pytest.raises(BuildError, match=r"state\."):
+        with pytest.raises(Faulted, match=r"state\.") as bad:
             worker.run(_job(40, state={"actor.0.weight": torch.zeros(3, 3)}))
+        assert bad.value.verdict.fault is Fault.MESSAGE  # judged in the worker process
+        worker.probe(_job(40))  # a node's probe: builds, trains nothing, raises nothing
         stop = threading.Event()
         stop.set()  # a stopped pod's round ends at once, and is still evaluated
         short = worker.run(_job(10**9, budget=Budget(seconds=600.0)), should_stop=stop.is_set)

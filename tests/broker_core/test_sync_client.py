@@ -13,6 +13,7 @@ from broker.core.errors import ConfigError, ConnectionClosed
 from broker.core.messages import CONTENT_TYPE, decode_message, encode_message
 from broker.core.schemas import Heartbeat, Scale, Stop
 from broker.core.topology import DEAD_QUEUE_ARGS, WORK_QUEUES, Topology
+from broker.runtime.lifecycle import BrokerAdmin
 from broker.transports.sync_client import SyncClient
 
 
@@ -31,13 +32,9 @@ def topology(amqp_url: str) -> Iterator[Topology]:
     try:
         yield topo
     finally:
-        ch = connection.channel()
-        for q in WORK_QUEUES:
-            ch.queue_delete(f"{topo.prefix}.{q}")
-            ch.queue_delete(topo.dead(q))
-        ch.exchange_delete(topo.events)
-        ch.exchange_delete(topo.dlx)
         connection.close()
+        with BrokerAdmin(amqp_url, topo.experiment) as admin:  # by the topology's names
+            admin.delete_all()
 
 
 @pytest.fixture

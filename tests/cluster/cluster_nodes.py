@@ -195,17 +195,10 @@ class Nodes:
 
 def delete_experiment(url: str, experiment: str) -> None:
     """Delete the queues and exchanges of ``experiment`` through the node at ``url``."""
-    import pika
+    from broker.runtime.lifecycle import BrokerAdmin
 
-    connection = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        channel = connection.channel()
-        for queue in ("generator", "updater", "generator.dead", "updater.dead"):
-            channel.queue_delete(f"podracer.{experiment}.{queue}")
-        for exchange in ("events", "dlx"):
-            channel.exchange_delete(f"podracer.{experiment}.{exchange}")
-    finally:
-        connection.close()
+    with BrokerAdmin(url, experiment) as admin:
+        admin.delete_all()
 
 
 def _alive(pid: int) -> bool:

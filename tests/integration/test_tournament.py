@@ -18,6 +18,7 @@ import pika
 import pika.exceptions
 import pytest
 
+from broker.core.topology import Topology
 from leaderboard.store import Entry, LeaderboardStore
 
 TARGET = -400.0
@@ -119,10 +120,10 @@ def test_tournament_on_rabbitmq_in_separate_processes(
     # nothing left behind: a clean end deletes every queue that is empty and unused
     connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
     try:
-        for queue in ("generator", "updater", "generator.dead", "updater.dead"):
+        for queue in Topology(experiment).queues:
             channel = connection.channel()
             with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="NOT_FOUND"):
-                channel.queue_declare(f"podracer.{experiment}.{queue}", passive=True)
+                channel.queue_declare(queue, passive=True)
     finally:
         connection.close()
 

@@ -52,7 +52,7 @@ def _names(management: Management, experiment: str) -> list[str]:
 def _queues(url: str, experiment: str) -> dict[str, int]:
     """Queue -> ready messages, as AMQP reports them now."""
     with BrokerAdmin(url, experiment) as admin:
-        return {q.name.removeprefix(f"podracer.{experiment}."): q.ready
+        return {q.name.removeprefix(f"podracer.{experiment}."): q.messages
                 for q in admin.queues()}
 
 

@@ -95,10 +95,13 @@ class Management:
 
     def delete_experiment(self, experiment: str) -> None:
         """Delete the work and dead-letter queues and the exchanges of ``experiment``."""
-        for short in QUEUES:
-            self._call("DELETE", f"queues/%2F/podracer.{experiment}.{short}")
-        for short in ("events", "dlx"):
-            self._call("DELETE", f"exchanges/%2F/podracer.{experiment}.{short}")
+        from broker.core.topology import Topology  # run as a script: imported late
+
+        topology = Topology(experiment)
+        for queue in topology.queues:
+            self._call("DELETE", f"queues/%2F/{queue}")
+        for exchange in topology.exchanges:
+            self._call("DELETE", f"exchanges/%2F/{exchange}")
 
 
 def wait_for_queue(api: Management, queue: str, run: subprocess.Popen[bytes],

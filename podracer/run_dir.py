@@ -1,0 +1,100 @@
+"""Run-directory policy of ``podracer train``: what ``runs/<experiment>/`` holds and when.
+
+``out`` receives the leaderboard store (SQLite + blobs), the experiment as asked
+(``experiment.json``, what ``--resume`` reads back), the experiment this session's
+services run (``session.json``, broker mode), and ``run.json``: one record per session,
+when it started and ended, and how. A fresh run needs a directory that holds no run
+yet; a resumed one, a directory that does (``check``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from broker.core.errors import ConfigError
+from leaderboard.store import DB_NAME, LeaderboardStore
+
+RUN_FILE = "run.json"
+"""One record per session of a run: started, ended, state, stop reason."""
+EXPERIMENT_FILE = "experiment.json"
+"""The experiment as asked (``--resume`` reads it back)."""
+SESSION_FILE = "session.json"
+"""The experiment this session's services run: the asked one with the time left."""
+INTERRUPTED = "interrupted by the user"
+"""``Stop.reason`` when Ctrl-C (SIGINT) or SIGTERM ends a run."""
+
+
+def has_run(out: Path) -> bool:
+    """Whether ``out`` already holds a run (a store with checkpoints, or a session)."""
+    if (out / RUN_FILE).is_file():
+        return True
+    if not (out / DB_NAME).is_file():
+        return False
+    with LeaderboardStore(out, create=False) as store:
+        return store.count() > 0
+
+
+def check(out: Path, resume: bool) -> None:
+    """Make ``out`` ready for a session: it must hold a run to resume, or none to start
+    (``ConfigError`` naming ``--resume`` and ``--fresh``)."""
+    if resume and not (out / EXPERIMENT_FILE).is_file():
+        raise ConfigError("--resume", f"{out} holds no run to resume",
+                          "point it at the run directory of an earlier `podracer train` "
+                          "(runs/<experiment>)")
+    if not resume and has_run(out):
+        raise ConfigError("--out", f"{out} already holds a run",
+                          f"continue it with `podracer train --resume {out}`, or start "
+                          "over with --fresh (deletes it)")
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def read_sessions(out: Path) -> list[dict[str, Any]]:
+    """The session records of the run in ``out`` (``[]`` if it has none or they are
+    unreadable)."""
+    try:
+        data = json.loads((out / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    sessions = data.get("sessions") if isinstance(data, dict) else None
+    return [s for s in sessions if isinstance(s, dict)] if isinstance(sessions, list) else []
+
+
+def _write_sessions(out: Path, sessions: list[dict[str, Any]]) -> None:
+    tmp = out / f".{RUN_FILE}.tmp"
+    tmp.write_text(json.dumps({"sessions": sessions}, indent=2))
+    os.replace(tmp, out / RUN_FILE)
+
+
+class Sessions:
+    """The session records of ``out``: this session's is written when it opens and again
+    when it closes, after the earlier ones."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.earlier = read_sessions(out)
+        self.record: dict[str, Any] = {}
+
+    def open(self, broker: str) -> None:
+        """Record that this session started (on ``broker``: ``embedded`` or a redacted URL)."""
+        self.record = {"started": time.time(), "host": socket.gethostname(),
+                       "pid": os.getpid(), "broker": broker}
+        _write_sessions(self.out, [*self.earlier, self.record])
+
+    def close(self, *, interrupted: bool, stop: str | None, exit_code: int) -> str:
+        """Record how this session ended; its state (``interrupted``, ``finished`` or
+        ``failed``)."""
+        state = ("interrupted" if interrupted or stop in (None, INTERRUPTED)
+                 else "finished" if exit_code == 0 else "failed")
+        self.record.update(ended=time.time(), state=state, stop=stop, exit_code=exit_code)
+        _write_sessions(self.out, [*self.earlier, self.record])
+        return state
+
+    def first_started(self, default: float) -> float:
+        """When the run's first session started (wall clock), ``default`` for a new run."""
+        first = self.earlier[0].get("started") if self.earlier else None
+        return float(first) if isinstance(first, int | float) else default
