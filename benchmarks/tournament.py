@@ -7,15 +7,27 @@ machine). Rows:
   Python API (``default_experiment(env, total_budget=..., seed=..., target_score=...)``,
   ``podracer.train.train``). Pods, round budget, torch threads and algorithms are the
   defaults, whatever they are: this row measures the defaults.
-* ``ppo``, ``sac``, ``td3``: ONE agent with its tuned default hyperparameters, with the
-  whole machine (``torch.set_num_threads(os.cpu_count())``), trained in one round for
-  the whole budget, evaluated in training every ``Task.eval_every_s`` (2 s Pendulum,
-  20 s MuJoCo; as many episodes as the default experiment's pods evaluate); on Pendulum
-  it stops at the target. ``Task.pins`` (empty) would pin hyperparameters per task.
+* ``tournament-nopool``: the same without the shared experience pool (the ablation;
+  ``tournament_runs.POOL_OFF``). Until the pool exists it repeats ``tournament`` and the
+  report says so. Each tournament run also prints the pool's share of each member
+  algorithm's training data (0 until the pool exists).
+* ``ppo``, ``sac``, ``td3``: ONE agent with its tuned default hyperparameters, alone on
+  the machine, run as the CLI's lone pod runs it (``podracer train --algos sac --pods 1
+  --round-budget 290s``): one round for the whole budget, ONE torch thread, the pod's
+  evaluations (``"auto"``: within the round only to catch a target, and a snapshot
+  evaluation every 60 s, the intermediate bests; as many episodes as the default
+  experiment's pods evaluate); it stops at the target. This row used to run with two
+  torch threads and an evaluation every 20 s and scored far below the CLI's lone pod
+  (SAC/HalfCheetah 6125 against 9408 and 9078): see ``tournament_runs.LONE_TORCH_THREADS``
+  and ``tournament_runs.POD`` for what each cost. ``Task.pins`` (empty) would pin
+  hyperparameters per task.
 * ``ppo-random``, ``sac-random``, ``td3-random``: the same with hyperparameters drawn from
   the algorithm's search space (``leaderboard.mutation.fresh_hparams``), ``--draws``
   draws (default 3) per seed, RNG seeded ``seed * 1000 + draw``: a user with a new env
   and no tuned defaults. Row figures are over all seeds x draws.
+* ``sb3-ppo``, ``sb3-sac``: Stable-Baselines3, measured in the same run when it is
+  installed (``pip install 'podracer[sb3]'``; see ``benchmarks.tournament_sb3``);
+  skipped, with a line saying so, when it is not.
 * ``best-of-4``: 4 independent default agents (PPO, SAC, TD3, PPO) trained concurrently
   in threads for the same wall budget (splitting the machine as the pods do, torch
   threads ``cpu_count // 4``); the best of the four counts (the one with the best
@@ -30,8 +42,8 @@ Tasks and scoring (see ``benchmarks.tournament_runs`` for the details):
   ``> cap`` (or ``>= mean`` when only some runs missed). The checkpoint that reached the
   target is re-evaluated (10 deterministic seeded episodes: ``confirm``); the
   tournament's total ``train()`` wall time is printed too. Ratios: time / best tuned
-  lone agent's time, and time / 16 s (SB3 PPO on Pendulum, measured once on this
-  machine; a constant here, ``SB3_PPO_PENDULUM_S``).
+  lone agent's time, and time / the ``sb3-ppo`` row's mean time in this run (``-``
+  when Stable-Baselines3 is not installed or that row was not run).
 * ``halfcheetah`` (``gym/HalfCheetah-v5``), ``hopper`` (``gym/Hopper-v5``): no target;
   each run gets its full budget (300 s, ``--budget``); the score is a 10-episode
   deterministic, seeded re-evaluation of the run's best checkpoint (tournament: the
@@ -44,14 +56,15 @@ Plans (rows x seeds):
 
 * default: ``--tasks`` x ``--methods`` x ``--seeds``, adjusted by ``--task-seeds``
   (``pendulum=3,halfcheetah=1,halfcheetah/sac=3``; 0 drops a row).
-* ``--plan minimum``: Pendulum every row 3 seeds; HalfCheetah ``tournament`` and the best
-  tuned lone agent (``sac``) 3 seeds, every other row 1 seed; Hopper ``tournament`` and
-  the best tuned lone agent (``sac``) 1 seed, nothing else. ``--tasks``/``--methods``
-  filter it.
-* ``--quick``: smoke run, about 3 minutes: pendulum and halfcheetah, rows tournament,
-  sac, ppo-random (1 draw) and best-of-4, 1 seed, 20 s per run.
+* ``--plan minimum``: Pendulum every row 3 seeds; HalfCheetah ``tournament``,
+  ``tournament-nopool`` and the best tuned lone agent (``sac``) 3 seeds, every other row
+  1 seed; Hopper the same three rows 3 seeds and ``sb3-sac`` 1, nothing else.
+  ``--tasks``/``--methods`` filter it.
+* ``--quick``: smoke run, about 5 minutes: pendulum and halfcheetah, rows tournament,
+  tournament-nopool, sac, ppo-random (1 draw), sb3-ppo and best-of-4, 1 seed, 20 s
+  per run.
 
-    python -m benchmarks.tournament --plan minimum          # the answer (over an hour)
+    python -m benchmarks.tournament --plan minimum          # the answer (hours)
     python -m benchmarks.tournament --quick
     python -m benchmarks.tournament --tasks pendulum --seeds 1
     python -m benchmarks.tournament --tasks halfcheetah --methods tournament,sac --budget 600
@@ -67,12 +80,12 @@ import argparse
 import dataclasses
 import json
 import logging
-import math
-import statistics
 import time
 import traceback
 from pathlib import Path
 
+from benchmarks import tournament_sb3
+from benchmarks.tournament_report import METHODS, RANDOM, TOURNAMENTS, W, report
 from benchmarks.tournament_runs import (
     RunResult,
     Task,
@@ -81,38 +94,39 @@ from benchmarks.tournament_runs import (
     run_lone,
     run_tournament,
 )
+from benchmarks.tournament_sb3 import SB3_METHODS, run_sb3
 from broker.core.errors import ConfigError
 
 TASKS = {
-    "pendulum": Task("pendulum", "torch/Pendulum-v1", -200.0, budget=60.0, eval_every_s=2.0),
+    "pendulum": Task("pendulum", "torch/Pendulum-v1", -200.0, budget=60.0,
+                     gym_id="Pendulum-v1"),
     "halfcheetah": Task("halfcheetah", "gym/HalfCheetah-v5", None, budget=300.0,
-                        eval_every_s=20.0),
-    "hopper": Task("hopper", "gym/Hopper-v5", None, budget=300.0, eval_every_s=20.0),
+                        gym_id="HalfCheetah-v5"),
+    "hopper": Task("hopper", "gym/Hopper-v5", None, budget=300.0, gym_id="Hopper-v5"),
 }
-LONE = ("ppo", "sac", "td3")
-RANDOM = tuple(f"{algo}-random" for algo in LONE)
-METHODS = ("tournament", *LONE, *RANDOM, "best-of-4")
 OUT = Path("runs/bench-tournament")
-SB3_PPO_PENDULUM_S = 16.0
-"""Wall seconds SB3 PPO needed to reach -200 on Pendulum on this machine (measured)."""
 Plan = dict[str, dict[str, int]]
 """task -> method -> seeds."""
 MINIMUM_PLAN: Plan = {
     "pendulum": dict.fromkeys(METHODS, 3),
-    "halfcheetah": {**dict.fromkeys(METHODS, 1), "tournament": 3, "sac": 3},
-    "hopper": {"tournament": 1, "sac": 1},
+    "halfcheetah": {**dict.fromkeys(METHODS, 1), "tournament": 3, "tournament-nopool": 3,
+                    "sac": 3},
+    "hopper": {"tournament": 3, "tournament-nopool": 3, "sac": 3, "sb3-sac": 1},
 }
 QUICK_TASKS = ("pendulum", "halfcheetah")
-QUICK_METHODS = ("tournament", "sac", "ppo-random", "best-of-4")
+QUICK_METHODS = ("tournament", "tournament-nopool", "sac", "ppo-random", "sb3-ppo",
+                 "best-of-4")
 QUICK_BUDGET = 20.0
 
 
 def run_one(task: Task, method: str, seed: int, draw: int | None, budget: float
             ) -> RunResult:
     """One run of ``method`` on ``task`` in a fresh process, scored."""
-    if method == "tournament":
-        out = OUT / task.key / f"tournament-s{seed}"
-        return in_subprocess(run_tournament, task, seed, budget, out)
+    if method in TOURNAMENTS:
+        out = OUT / task.key / f"{method}-s{seed}"
+        return in_subprocess(run_tournament, task, seed, budget, out, method == "tournament")
+    if method in SB3_METHODS:
+        return in_subprocess(run_sb3, task, method, seed, budget)
     if method == "best-of-4":
         return in_subprocess(run_best_of_4, task, seed, budget)
     return in_subprocess(run_lone, task, method, method.removesuffix("-random"), seed,
@@ -139,7 +153,7 @@ def _describe(r: RunResult) -> str:
     def fmt(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f}"
 
-    return (f"[{r.task}] {r.method:11} seed {r.seed}"
+    return (f"[{r.task}] {r.method:{W}} seed {r.seed}"
             + (f" draw {r.draw}" if r.draw is not None else "")
             + f": target at {fmt(r.time_to_target)} s (confirm {fmt(r.confirm)}), "
             f"score {fmt(r.score)} (in training {fmt(r.in_training_best)}, {r.algorithm}), "
@@ -156,6 +170,10 @@ def execute(plan: Plan, budgets: dict[str, float], draws: int, retries: int
         task = TASKS[key]
         for seed in range(max(rows.values(), default=0)):
             for method in (m for m in METHODS if rows.get(m, 0) > seed):
+                if method in SB3_METHODS and not tournament_sb3.available():
+                    print(f"[{key}] {method}: skipped, Stable-Baselines3 is not installed "
+                          "(pip install 'podracer[sb3]')", flush=True)
+                    continue
                 for draw in (range(draws) if method in RANDOM else [None]):
                     started = time.monotonic()
                     result = run_with_retry(task, method, seed, draw, budgets[key], retries)
@@ -216,7 +234,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget", type=float, default=None,
                         help="wall seconds per run, the cap on Pendulum (default: the task's)")
     parser.add_argument("--retries", type=int, default=1, help="retries of a failed run")
-    parser.add_argument("--quick", action="store_true", help="smoke run, about 3 minutes")
+    parser.add_argument("--quick", action="store_true", help="smoke run, about 5 minutes")
     return parser.parse_args(argv)
 
 
@@ -234,138 +252,6 @@ def main(argv: list[str] | None = None) -> None:
     results = execute(plan, budgets, draws, args.retries)
     print(report([TASKS[key] for key in plan], budgets, results))
     print(f"\nraw results: {OUT / 'results.json'}")
-
-
-# ------------------------------------------------------------------ the report
-
-@dataclasses.dataclass(frozen=True)
-class Row:
-    """One (task, method) row: its metric over every run that did not fail."""
-
-    method: str
-    runs: list[RunResult]
-    values: list[float]
-    missed: int
-    """Runs that did not reach the target (their value is the cap)."""
-
-    @property
-    def mean(self) -> float:
-        return statistics.fmean(self.values) if self.values else math.nan
-
-    @property
-    def std(self) -> float:
-        return statistics.stdev(self.values) if len(self.values) > 1 else 0.0
-
-    def cell(self) -> str:
-        """``mean ± std`` (sample std), or the mean alone for one run."""
-        if not self.values:
-            return "n/a"
-        return f"{self.mean:.1f}" + (f" ± {self.std:.1f}" if len(self.values) > 1 else "")
-
-
-def _rows(task: Task, cap: float, results: list[RunResult]) -> dict[str, Row]:
-    rows: dict[str, Row] = {}
-    for method in METHODS:
-        runs = [r for r in results if r.task == task.key and r.method == method]
-        ok = [r for r in runs if not r.failed]
-        if task.target is not None:
-            values = [cap if r.time_to_target is None else r.time_to_target for r in ok]
-            missed = sum(r.time_to_target is None for r in ok)
-        else:
-            values, missed = [r.score for r in ok if r.score is not None], 0
-        if runs:
-            rows[method] = Row(method, runs, values, missed)
-    return rows
-
-
-def _ratio(a: float, b: float | None) -> str:
-    return "-" if b is None or b == 0 or math.isnan(a) or math.isnan(b) else f"{a / b:.2f}"
-
-
-def _time_cell(row: Row, cap: float) -> str:
-    if not row.values:
-        return "n/a"
-    if row.missed == len(row.values):
-        return f"> {cap:g}"
-    return (">= " if row.missed else "") + row.cell()
-
-
-def _pendulum_table(task: Task, cap: float, rows: dict[str, Row]) -> list[str]:
-    lone = [r for m, r in rows.items() if m in LONE and r.values]
-    best = min(lone, key=lambda r: r.mean, default=None)
-    lines = [f"{'method':11} {'seconds to target':>18} {'n':>3} {'reached':>7} "
-             f"{'confirm':>8} {'/ best lone':>11} {'/ SB3 16 s':>10} {'train() s':>9}",
-             f"(best tuned lone agent: {best.method if best else 'none run'})"]
-    for method, row in rows.items():
-        confirms = [r.confirm for r in row.runs if r.confirm is not None]
-        confirm = f"{statistics.fmean(confirms):.0f}" if confirms else "-"
-        walls = [r.wall for r in row.runs if method == "tournament" and not r.failed]
-        wall = f"{statistics.fmean(walls):.1f}" if walls else ""
-        lines.append(f"{method:11} {_time_cell(row, cap):>18} {len(row.values):>3} "
-                     f"{len(row.values) - row.missed:>3}/{len(row.values):<3} {confirm:>8} "
-                     f"{_ratio(row.mean, best.mean if best else None):>11} "
-                     f"{_ratio(row.mean, SB3_PPO_PENDULUM_S):>10} {wall:>9}")
-    return lines
-
-
-def _score_table(rows: dict[str, Row]) -> list[str]:
-    lone = [r for m, r in rows.items() if m in LONE and r.values]
-    best = max(lone, key=lambda r: r.mean, default=None)
-    # the std reference needs 2+ runs: the best lone row that has them
-    spread = max((r for r in lone if len(r.values) > 1), key=lambda r: r.mean, default=None)
-    randoms = [r for m, r in rows.items() if m in RANDOM and r.values]
-    lines = [f"{'method':11} {'score (mean ± std)':>20} {'n':>3} {'/ best lone':>11} "
-             f"{'beats all random':>16} {'std / lone std':>14}",
-             f"(best tuned lone agent: {best.method if best else 'none run'}; std reference: "
-             f"{spread.method if spread else 'none with 2+ runs'}; "
-             f"random rows run: {', '.join(r.method for r in randoms) or 'none'})"]
-    for method, row in rows.items():
-        cell = row.cell()
-        beats = ("-" if not randoms or not row.values or method in RANDOM
-                 else "yes" if all(row.mean > r.mean for r in randoms) else "no")
-        std_ratio = _ratio(row.std, spread.std if spread else None)
-        lines.append(f"{method:11} {cell:>20} {len(row.values):>3} "
-                     f"{_ratio(row.mean, best.mean if best else None):>11} {beats:>16} "
-                     f"{std_ratio if len(row.values) > 1 else '-':>14}")
-    return lines
-
-
-def _raw(task: Task, rows: dict[str, Row]) -> list[str]:
-    lines = []
-    for method, row in rows.items():
-        cells = []
-        for r in row.runs:
-            name = f"s{r.seed}" + (f"d{r.draw}" if r.draw is not None else "")
-            if r.failed:
-                value = "failed"
-            elif task.target is not None:
-                value = ("miss" if r.time_to_target is None
-                         else f"{r.time_to_target:.1f}s/{r.confirm:.0f}")
-            else:
-                value = f"{r.score:.1f}" if r.score is not None else "n/a"
-            cells.append(f"{name} {value}")
-        lines.append(f"  {method:11} " + ", ".join(cells))
-    return lines
-
-
-def report(tasks: list[Task], budgets: dict[str, float], results: list[RunResult]) -> str:
-    """The tables of every task, then the raw per-run values."""
-    out: list[str] = []
-    for task in tasks:
-        cap = budgets[task.key]
-        rows = _rows(task, cap, results)
-        if task.target is not None:
-            out.append(f"\n== {task.key} ({task.env}): wall seconds to {task.target:g}, "
-                       f"cap {cap:g} s (confirm: 10-episode re-evaluation) ==")
-            out += _pendulum_table(task, cap, rows)
-        else:
-            out.append(f"\n== {task.key} ({task.env}): 10-episode deterministic score "
-                       f"after {cap:g} s ==")
-            out += _score_table(rows)
-        out.append("per run (time to target s/confirm, or score):"
-                   if task.target is not None else "per run (score):")
-        out += _raw(task, rows)
-    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,8 @@ import torch
 from agents.base import Scalar
 from agents.build import build_agent, resolve_config
 from agents.evaluator import evaluate
-from agents.pod.round import Progress, train_round
+from agents.pod.round import train_round
+from agents.pod.runner import RunnerConfig
 from agents.registry import default_registry
 from broker.core.schemas import Budget
 from broker.core.settings import default_experiment, settings_from_env
@@ -54,6 +55,22 @@ CPU = torch.device("cpu")
 EVAL_EPISODES = 10
 EVAL_SEED = 12_345
 BEST_OF_4_ALGOS = ("ppo", "sac", "td3", "ppo")
+LONE_TORCH_THREADS = 1
+"""torch threads of a lone agent: the CLI's pod default (``podracer.train.fit_to_machine``).
+Two threads on this 2-core machine ran SAC/HalfCheetah at 88, 52 and 72 env steps/s
+against 1552, 897 and 1087 with one, alternating 8-s spells in one process while other
+jobs ran: the OpenMP pool spins on cores that the MuJoCo env threads and any other
+process need. Alone the second thread still adds nothing (issue 9: 2013 vs 2134)."""
+POD = RunnerConfig()
+"""The pod's evaluation cadence, used by the lone agents too: ``"auto"`` (within a round
+only to catch a target) and a snapshot evaluation every ``snapshot_every_s`` (60 s), the
+intermediate bests a lone ``podracer train`` pod publishes. Evaluating every 20 s on
+HalfCheetah, as this benchmark did, cost 2-3.6 s of 16 episodes each time: 10-15% of
+the training time."""
+POOL_OFF: dict[str, Any] = {}
+"""Experiment overrides that switch the shared experience pool off, for the
+``tournament-nopool`` row (the ablation). Empty while the pool does not exist: the row
+then repeats the tournament, and the report says so. The pool's author fills it in."""
 T = TypeVar("T")
 
 
@@ -70,9 +87,8 @@ class Task:
     (the metric is the score at the end of the budget)."""
     budget: float
     """Default wall seconds per run (with a target: the cap)."""
-    eval_every_s: float
-    """In-training evaluation period of the lone agents (the tournament's pods evaluate
-    at the end of each round, on their own schedule)."""
+    gym_id: str = ""
+    """The Gymnasium id of the same task, for Stable-Baselines3 (empty: not run there)."""
     pins: Mapping[str, Mapping[str, Scalar]] = dataclasses.field(default_factory=dict)
     """Per-algorithm hyperparameters the task pins (never sampled); empty by default."""
 
@@ -104,6 +120,10 @@ class RunResult:
     """Wall seconds of training (for the tournament: the whole ``train()`` call)."""
     env_steps: int = 0
     checkpoints: int = 0
+    pool_share: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Per member algorithm: the share of its training transitions that came from the
+    shared experience pool (tournament rows; 0 for every algorithm until the pool
+    exists and the store records it)."""
     error: str | None = None
     """What went wrong (a run with a result may carry one: train()'s exit code)."""
     failed: bool = False
@@ -148,24 +168,35 @@ def _first_hit(entries: list[Entry], target: float) -> Entry | None:
     return min(hits, key=lambda e: e.created) if hits else None
 
 
-def run_tournament(task: Task, seed: int, budget: float, out: Path) -> RunResult:
-    """The default ``podracer train`` for ``task.env`` in embedded mode, scored."""
+def pool_shares(entries: list[Entry]) -> dict[str, float]:
+    """Per algorithm of ``entries``: the share of its training transitions drawn from the
+    shared experience pool. 0 for all while the pool does not exist (no checkpoint
+    records pool transitions yet); the pool's author replaces the 0 with the record."""
+    return {e.algorithm: 0.0 for e in entries}
+
+
+def run_tournament(task: Task, seed: int, budget: float, out: Path, pool: bool = True
+                   ) -> RunResult:
+    """The default ``podracer train`` for ``task.env`` in embedded mode, scored; without
+    the experience pool (``POOL_OFF``) when ``pool`` is False (the ablation row)."""
     logging.basicConfig(level=logging.WARNING)
     exp = default_experiment(task.env, total_budget={"seconds": budget}, seed=seed,
-                             target_score=task.target)
+                             target_score=task.target, **({} if pool else POOL_OFF))
     settings = settings_from_env(experiment=exp, store=out)
     if out.exists():
         shutil.rmtree(out)  # a fresh store: entries of an older run would count
     started_wall, started = time.time(), time.monotonic()
     outcome = train(settings, out, progress=False)
     wall = time.monotonic() - started
-    result = RunResult(task.key, "tournament", seed, wall=wall)
+    result = RunResult(task.key, "tournament" if pool else "tournament-nopool", seed,
+                       wall=wall)
     if outcome.exit_code != 0:
         result.error = f"train() exited with {outcome.exit_code}"
     with LeaderboardStore(out, create=False) as store:
         entries = store.entries()
         result.checkpoints = len(entries)
         result.env_steps = store.total_env_steps()
+        result.pool_share = pool_shares(entries)
         top = store.top(1) if entries else []
         if top:
             best = top[0]
@@ -207,25 +238,19 @@ def _train_agent(task: Task, algorithm: str, hparams: Mapping[str, Scalar], seed
     eval_env = make_env(task.env, episodes, CPU)
     try:
         agent = build_agent(registry, algorithm, hparams, env, CPU, seed)
-
-        def progress(report: Progress) -> None:
-            if (report.score is not None and task.target is not None
-                    and run.reached_at is None and report.score >= task.target):
-                run.reached_at = time.monotonic() - started
-                run.target_state = {k: v.detach().clone()
-                                    for k, v in agent.state_dict().items()}
-                stop.set()
-
         left = budget - (time.monotonic() - started)
+        # the pod's cadence and target watch (POD): what a lone `podracer train` pod does
         result = train_round(agent, env, eval_env, Budget(seconds=max(left, 0.1)),
-                             eval_every_s=task.eval_every_s, on_progress=progress,
-                             should_stop=stop.is_set, eval_episodes=episodes)
+                             eval_every_s=POD.eval_every_s,
+                             should_stop=stop.is_set, eval_episodes=episodes,
+                             target=task.target, snapshot_every_s=POD.snapshot_every_s)
         run.env_steps = result.env_steps
         if result.best_state is not None and math.isfinite(result.best_mean):
             run.best_score, run.best_state = result.best_mean, result.best_state
         if (task.target is not None and run.reached_at is None
                 and run.best_score is not None and run.best_score >= task.target):
-            # reached at the round's final evaluation, at the deadline
+            # the evaluation that reached the target ended the round (its state is the
+            # round's best), or the final one at the deadline did
             run.reached_at = time.monotonic() - started
             run.target_state = run.best_state
             stop.set()
@@ -257,12 +282,13 @@ def _score_agents(task: Task, result: RunResult, runs: list[_AgentRun]) -> RunRe
 
 def run_lone(task: Task, method: str, algorithm: str, seed: int, budget: float,
              draw: int | None = None) -> RunResult:
-    """One ``algorithm`` agent with the whole machine for ``budget`` seconds, one round.
+    """One ``algorithm`` agent alone on the machine for ``budget`` seconds, one round,
+    as the CLI's lone pod runs it (``LONE_TORCH_THREADS``, the pod's evaluations).
 
     ``draw`` None: its default hyperparameters; else draw ``draw`` from its search space.
     """
     logging.basicConfig(level=logging.WARNING)
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(LONE_TORCH_THREADS)
     hparams = (task.pinned(algorithm) if draw is None
                else random_hparams(algorithm, task, seed, draw))
     started = time.monotonic()

@@ -77,7 +77,8 @@ def population_config(experiment: Experiment, pods: int) -> PopulationConfig:
     spec = experiment.population
     return PopulationConfig(members=spec.members or max(1, pods),
                             ready_s=spec.ready_s or READY_ROUNDS * round_seconds(experiment),
-                            min_share=spec.min_share, explore_p=experiment.explore_p)
+                            min_share=spec.min_share, explore_p=experiment.explore_p,
+                            episodes=experiment.eval_episodes)
 
 
 class InitializationMaker:

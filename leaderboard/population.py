@@ -1,27 +1,43 @@
-"""Who trains next: the algorithm by quota, then continue, branch or start a lineage.
+"""Who trains next: the algorithm where compute pays, then continue, branch or start a lineage.
 
 The population is a set of *lineages*: chains of checkpoints where each round continued
-the previous one. A lineage's *head* is its newest checkpoint. ``Planner.next`` decides
-the next round in two steps.
+the previous one. A lineage's *head* is its newest checkpoint; its *history* is the
+head and its ancestors (through branches too: a branch starts from its parent's
+weights, so the score curve runs on through it), on an axis of training seconds
+(the rounds' wall times summed). ``Planner.next`` decides the next round in two steps.
 
-1. **Algorithm, by quota.** Until every algorithm of the mix has a *ready* lineage
-   (see below), rounds go to algorithms in proportion to the mix weights (ties in the
-   mix's order). Then the *leading* algorithm (the one holding the best checkpoint)
-   gets most rounds and
-   every other one keeps ``min_share`` (scaled by its mix weight), so a slow starter
-   is not culled before it pays off. The choice is the algorithm furthest below its
-   share of the rounds issued so far (deficit round robin: deterministic and fair).
-2. **Lineage, within the algorithm** (truncation selection within a family):
+1. **Algorithm, by measured improvement per second** (``shares``). A lineage's *rate*
+   is the least-squares slope of its history's last ``window`` scores against training
+   seconds; an algorithm's rate is the best rate among its ``members`` best heads. An
+   algorithm without a rate yet (no lineage with two evaluations) gets its mix weight:
+   it is measured before it is judged, however long that takes, and no fixed warm-up
+   is needed. Once measured, every algorithm keeps a floor of ``min_share`` (times its
+   mix weight relative to the others) so the mix stays alive, and the rest of the
+   rounds is split in proportion to the rates (negative counts as 0); when no
+   algorithm improves, the one holding the best checkpoint takes the rest. So an
+   algorithm that leads early on cheap steps and then flattens (PPO) hands its rounds
+   to one that starts slower and keeps rising (SAC) as soon as their rates cross, and
+   a starved algorithm is not judged on the time it waited: rates count its own
+   training seconds. The round goes to the algorithm furthest below its share of the
+   recent rounds (deficit round robin over counts that decay by ``RECENT_DECAY`` per
+   round, so a change of shares takes effect at once rather than after the old
+   surplus is paid back).
+2. **Lineage, within the algorithm**:
 
    * no checkpoint yet, or with probability ``explore_p``: a *fresh* lineage (tuned
      defaults for an algorithm's first, sampled hyperparameters after that);
    * an idle head (no round of its lineage in flight) that is not *ready* (trained
      less than ``ready_s`` since its lineage started or branched) is continued first:
      nobody is judged before it had time to learn;
-   * then the best idle head among the ``members`` best heads is continued, unless
-     it is ready and in the bottom half of those heads: it is then replaced by a
-     *branch* of a better head (weights, optimizer state and, in the pod, its replay
-     data), with mutated hyperparameters (PBT exploit/explore);
+   * then the best idle head among the ``members`` best heads is continued, unless it
+     is *behind and not improving*: some kept head is significantly better (one-sided
+     Welch t-test at ``alpha`` over the two evaluations' episodes:
+     ``leaderboard.selection.significantly_better``) and its own history gained less
+     than the noise of two evaluations over its last ``window`` scores. It then gives
+     up its pod: the round is a *branch* of a significantly better head (weights,
+     optimizer state and, in the pod, its replay data) with mutated hyperparameters
+     (PBT exploit/explore). A head that is behind but still rising keeps training, and
+     one lucky evaluation does not take over a lineage;
    * when every head is busy and the family has fewer than ``members`` heads, a
      branch of a head chosen by the selection strategy starts a new lineage.
 
@@ -40,8 +56,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from broker.core.errors import ConfigError
-from leaderboard.selection import SelectionStrategy, ranked
+from leaderboard.selection import SelectionStrategy, ranked, significantly_better
 from leaderboard.store import Entry, LeaderboardStore
+
+RECENT_DECAY = 0.9
+"""Per issued round, the weight of every earlier round in the deficit round robin (a
+memory of about ten rounds)."""
+MAX_HISTORY = 10_000
+"""Longest ancestry walked (a guard against a corrupt store whose parents loop)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,10 +75,17 @@ class PopulationConfig:
     ready_s: float = 60.0
     """Training seconds a lineage gets after it starts or branches before it is judged."""
     min_share: float = 0.15
-    """Share of rounds every algorithm keeps once a leader is known (times its mix
-    weight relative to the others); the leader gets the rest."""
+    """Floor of the rounds every algorithm keeps once measured (times its mix weight
+    relative to the others); the rest follows the measured improvement per second."""
     explore_p: float = 0.0
     """Probability that a round starts a fresh lineage with sampled hyperparameters."""
+    window: int = 4
+    """Evaluations of a lineage's history its improvement rate is fitted over."""
+    alpha: float = 0.05
+    """Significance level a challenger must reach to replace an incumbent lineage."""
+    episodes: int = 16
+    """Episodes behind every checkpoint's score (the experiment's ``eval_episodes``; with
+    one, there is no spread to test and a higher mean wins)."""
 
     def __post_init__(self) -> None:
         if self.members < 1:
@@ -67,6 +96,12 @@ class PopulationConfig:
             raise ConfigError("population.min_share", f"must be in [0, 1], got {self.min_share}")
         if not 0.0 <= self.explore_p <= 1.0:
             raise ConfigError("explore_p", f"must be in [0, 1], got {self.explore_p}")
+        if self.window < 2:
+            raise ConfigError("population.window", f"must be >= 2, got {self.window}")
+        if not 0.0 < self.alpha < 1.0:
+            raise ConfigError("population.alpha", f"must be in (0, 1), got {self.alpha}")
+        if self.episodes < 1:
+            raise ConfigError("eval_episodes", f"must be >= 1, got {self.episodes}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,21 +121,45 @@ class _Issued:
     at: float
 
 
-def shares(mix: Mapping[str, float], best: Mapping[str, float], min_share: float
-           ) -> dict[str, float]:
-    """Share of rounds per algorithm (see the module doc); ``best`` maps algorithms with a
-    checkpoint to their best score."""
+def shares(mix: Mapping[str, float], rates: Mapping[str, float | None],
+           best: Mapping[str, float], min_share: float) -> dict[str, float]:
+    """Share of rounds per algorithm (module doc, step 1). ``rates`` maps an algorithm to
+    its improvement per training second (``None`` or absent: not measured yet); ``best``
+    maps algorithms with a checkpoint to their best score."""
     total = sum(mix.values())
     weights = {a: w / total for a, w in mix.items()}
-    if len(mix) == 1 or any(a not in best for a in mix):
+    if len(mix) == 1:
         return weights
-    leader = max(mix, key=lambda a: (best[a], -list(mix).index(a)))
-    out = {a: min_share * w * len(mix) for a, w in weights.items() if a != leader}
-    rest = sum(out.values())
-    if rest >= 1.0:  # floors too large to leave a lead: back to the mix
+    out = {a: w for a, w in weights.items() if rates.get(a) is None}
+    measured = [a for a in mix if a not in out]
+    if not measured:
         return weights
-    out[leader] = 1.0 - rest
-    return out
+    left = 1.0 - sum(out.values())
+    floors = {a: min_share * weights[a] * len(mix) for a in measured}
+    pot = left - sum(floors.values())
+    if pot <= 0.0:  # floors too large to leave anything to earn: the mix
+        return weights
+    gains = {a: max(0.0, rates[a] or 0.0) for a in measured}
+    earned = sum(gains.values())
+    if earned > 0.0:
+        return {**out, **{a: floors[a] + pot * gains[a] / earned for a in measured}}
+    # nobody improves: the leader takes the rest (ties to the mix's order)
+    order = list(mix)
+    leader = max(measured, key=lambda a: (best.get(a, -math.inf), -order.index(a)))
+    return {**out, **{a: floors[a] + (pot if a == leader else 0.0) for a in measured}}
+
+
+def slope(points: Sequence[tuple[float, float]]) -> float | None:
+    """Least-squares slope of ``(seconds, score)`` points (``None``: fewer than two
+    distinct times)."""
+    if len(points) < 2:
+        return None
+    mean_t = sum(t for t, _ in points) / len(points)
+    mean_s = sum(s for _, s in points) / len(points)
+    spread = sum((t - mean_t) ** 2 for t, _ in points)
+    if spread <= 0.0:
+        return None
+    return sum((t - mean_t) * (s - mean_s) for t, s in points) / spread
 
 
 def _continues(child: Entry, parent: Entry) -> bool:
@@ -125,7 +184,7 @@ class Family:
         branched."""
         chain: list[Entry] = []
         entry = self.by_id.get(checkpoint_id)
-        while entry is not None and entry.id not in self._since and len(chain) < 10_000:
+        while entry is not None and entry.id not in self._since and len(chain) < MAX_HISTORY:
             chain.append(entry)
             parent = self.by_id.get(entry.parent_id or "")
             entry = parent if parent is not None and _continues(entry, parent) else None
@@ -134,6 +193,42 @@ class Family:
             total += link.wall_time
             self._since[link.id] = total
         return self._since.get(checkpoint_id, 0.0)
+
+    def history(self, checkpoint_id: str, last: int) -> list[tuple[float, Entry]]:
+        """The last ``last`` checkpoints of the history ending at ``checkpoint_id``
+        (through branches), oldest first, each with the training seconds behind it
+        counted from the oldest one returned."""
+        chain: list[Entry] = []
+        seen: set[str] = set()
+        entry = self.by_id.get(checkpoint_id)
+        while entry is not None and entry.id not in seen and len(chain) < last:
+            seen.add(entry.id)
+            chain.append(entry)
+            entry = self.by_id.get(entry.parent_id or "")
+        out: list[tuple[float, Entry]] = []
+        clock = 0.0
+        for link in reversed(chain):
+            clock += link.wall_time if out else 0.0
+            out.append((clock, link))
+        return out
+
+    def rate(self, checkpoint_id: str, window: int) -> float | None:
+        """Improvement per training second of the history ending at ``checkpoint_id``
+        over its last ``window`` evaluations (``None``: fewer than two)."""
+        return slope([(t, e.score_mean) for t, e in self.history(checkpoint_id, window)])
+
+    def improving(self, checkpoint_id: str, window: int, episodes: int) -> bool:
+        """Whether the history ending at ``checkpoint_id`` gained, over its last
+        ``window`` evaluations, more than the noise of two evaluations (the standard
+        error of a difference of two means of ``episodes`` episodes). Unmeasured
+        (one evaluation) counts as improving: nobody is judged on nothing."""
+        points = self.history(checkpoint_id, window)
+        rate = slope([(t, e.score_mean) for t, e in points])
+        if rate is None:
+            return True
+        first, head = points[0][1], points[-1][1]
+        noise = math.sqrt((first.score_std ** 2 + head.score_std ** 2) / max(1, episodes - 1))
+        return rate * (points[-1][0] - points[0][0]) > noise
 
 
 class Planner:
@@ -151,14 +246,17 @@ class Planner:
         self.rng = rng
         self.lost_after_s = lost_after_s
         self.clock = clock
-        self.rounds = dict.fromkeys(self.mix, 0)
+        self.rounds: dict[str, float] = dict.fromkeys(self.mix, 0.0)
+        """Recent rounds per algorithm, each weighted ``RECENT_DECAY`` per later round."""
         self._issued: dict[str, _Issued] = {}
 
     # ---------------------------------------------------------------- bookkeeping
 
     def issued(self, init_id: str, plan: Plan) -> None:
         """Record that the initialization ``init_id`` carries out ``plan``."""
-        self.rounds[plan.algorithm] = self.rounds.get(plan.algorithm, 0) + 1
+        for name in self.rounds:
+            self.rounds[name] *= RECENT_DECAY
+        self.rounds[plan.algorithm] = self.rounds.get(plan.algorithm, 0.0) + 1.0
         self._issued[init_id] = _Issued(plan, self.clock())
 
     def _settle(self) -> None:
@@ -181,18 +279,25 @@ class Planner:
 
     # ---------------------------------------------------------------- deciding
 
-    def _algorithm(self) -> str:
-        # an algorithm is judged once one of its lineages is ready: an early lead of a
-        # fast starter (PPO in its first seconds) must not take the rounds of the others
-        best = {}
+    def allocation(self) -> dict[str, float]:
+        """The share of rounds each algorithm gets now (module doc, step 1)."""
+        rates: dict[str, float | None] = {}
+        best: dict[str, float] = {}
         for name in self.mix:
             entries = self.store.top(1_000_000, algorithm=name)
+            if not entries:
+                continue
+            best[name] = entries[0].score_mean
             family = Family(entries)
-            if any(family.since(h.id) >= self.config.ready_s for h in family.heads):
-                best[name] = entries[0].score_mean
-        share = shares(self.mix, best, self.config.min_share)
+            measured = [r for h in family.heads[:self.config.members]
+                        if (r := family.rate(h.id, self.config.window)) is not None]
+            rates[name] = max(measured) if measured else None
+        return shares(self.mix, rates, best, self.config.min_share)
+
+    def _algorithm(self) -> str:
+        share = self.allocation()
         order = list(self.mix)
-        return min(order, key=lambda a: ((self.rounds.get(a, 0) + 1) / max(share[a], 1e-9),
+        return min(order, key=lambda a: ((self.rounds.get(a, 0.0) + 1.0) / max(share[a], 1e-9),
                                          order.index(a)))
 
     def next(self) -> Plan:
@@ -214,9 +319,12 @@ class Planner:
                 return Plan(algorithm, head, False, "continue (not ready yet)")
         if idle:
             head = idle[0]
-            better = [h for h in kept if h.score_mean > head.score_mean]
-            if better and kept.index(head) >= math.ceil(len(kept) / 2):
-                return Plan(algorithm, self._pick(better), True, "replace a weak lineage")
+            cfg = self.config
+            better = [h for h in kept if h.id != head.id
+                      and significantly_better(h, head, cfg.episodes, cfg.alpha)]
+            if better and not family.improving(head.id, cfg.window, cfg.episodes):
+                return Plan(algorithm, self._pick(better), True,
+                            "replace a lineage that is behind and not improving")
             return Plan(algorithm, head, False, "continue")
         return Plan(algorithm, self._pick(kept), True, "branch (every lineage busy)")
 

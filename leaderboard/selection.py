@@ -3,6 +3,11 @@
 Every strategy is deterministic given the ``random.Random`` passed in and never mutates
 ``entries``. Entries may come in any order: strategies rank by score themselves (ties by
 ``created``, the earlier checkpoint first, as in ``LeaderboardStore.top``).
+
+``significantly_better`` is the gate a challenger passes before it replaces an
+incumbent (PBT's "t-test selection", Jaderberg et al. 2017): Welch's t-test on the two
+checkpoints' evaluations (mean, std, episodes), one-sided, so one lucky evaluation whose
+mean is higher by less than its noise does not take over.
 """
 
 from __future__ import annotations
@@ -24,6 +29,82 @@ class SelectionStrategy(Protocol):
     def select(self, entries: Sequence[Entry], rng: random.Random) -> Entry | None:
         """Choose one of ``entries`` (``None`` when empty or when a fresh start is wanted)."""
         ...
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the regularized incomplete beta (modified Lentz method)."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    out = d
+    for m in range(1, 300):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            out *= c * d
+        if abs(c * d - 1.0) < 1e-12:
+            break
+    return out
+
+
+def incomplete_beta(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b), for a, b > 0 and x in [0, 1]."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                 + a * math.log(x) + b * math.log1p(-x))
+    # the fraction converges fast only below the mode: use the symmetry above it
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+
+
+def t_sf(t: float, df: float) -> float:
+    """P(T > t) for Student's t with ``df`` degrees of freedom (no scipy needed)."""
+    tail = 0.5 * incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
+    return tail if t >= 0 else 1.0 - tail
+
+
+def welch(mean_a: float, std_a: float, n_a: int, mean_b: float, std_b: float, n_b: int
+          ) -> tuple[float, float]:
+    """Welch's t statistic of ``a - b`` and its Welch-Satterthwaite degrees of freedom.
+
+    ``std_*`` are population stds over ``n_*`` episodes (as the evaluator reports them),
+    turned into sample variances here. Both samples without spread: ``(±inf or 0, inf)``.
+    """
+    if n_a < 2 or n_b < 2:
+        raise ConfigError("episodes", f"a t-test needs 2+ episodes a side, got {n_a}, {n_b}",
+                          "evaluate on more episodes (eval_episodes)")
+    # squared standard errors of the means: sample variance (std^2 * n / (n - 1)) over n
+    var_a = std_a * std_a / (n_a - 1)
+    var_b = std_b * std_b / (n_b - 1)
+    se2 = var_a + var_b
+    diff = mean_a - mean_b
+    if se2 <= 0.0:
+        return (math.copysign(math.inf, diff) if diff else 0.0), math.inf
+    df = se2 * se2 / (var_a * var_a / (n_a - 1) + var_b * var_b / (n_b - 1))
+    return diff / math.sqrt(se2), df
+
+
+def significantly_better(challenger: Entry, incumbent: Entry, episodes: int,
+                         alpha: float = 0.05) -> bool:
+    """Whether ``challenger`` scores higher than ``incumbent`` at significance ``alpha``
+    (one-sided Welch t-test, ``episodes`` evaluation episodes behind each score). With
+    one episode a side there is no spread to test: the higher mean wins."""
+    if episodes < 2:
+        return challenger.score_mean > incumbent.score_mean
+    t, df = welch(challenger.score_mean, challenger.score_std, episodes,
+                  incumbent.score_mean, incumbent.score_std, episodes)
+    if not math.isfinite(t):
+        return t > 0
+    if not math.isfinite(df):
+        return t > 0 and 0.5 * math.erfc(t / math.sqrt(2.0)) < alpha
+    return t > 0 and t_sf(t, df) < alpha
 
 
 def ranked(entries: Sequence[Entry]) -> list[Entry]:

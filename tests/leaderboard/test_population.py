@@ -1,4 +1,5 @@
-"""The planner: quota per algorithm, readiness, truncation within an algorithm, branching."""
+"""The planner: shares from measured improvement per second, readiness, replacement of
+lineages that are behind and not improving (Welch-gated), branching."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from broker.core.errors import ConfigError
 from broker.core.schemas import Checkpoint
-from leaderboard.population import Family, Planner, PopulationConfig, shares
+from leaderboard.population import Family, Plan, Planner, PopulationConfig, shares
 from leaderboard.selection import Tournament
 from leaderboard.store import LeaderboardStore
 
@@ -32,11 +33,11 @@ _created = itertools.count(1)
 
 def _put(store: LeaderboardStore, cid: str, algorithm: str, score: float, *,
          parent: str | None = None, hparams: dict[str, Any] | None = None,
-         wall: float = 20.0) -> None:
+         wall: float = 20.0, std: float = 1.0) -> None:
     store.insert(Checkpoint(id=cid, experiment="exp", init_id=cid, pod="pod-1",
                             algorithm=algorithm, env="torch/Pendulum-v1",
                             hparams=dict(hparams or LR), state={"w": torch.zeros(2)},
-                            score_mean=score, score_std=1.0, env_steps=100, wall_time=wall,
+                            score_mean=score, score_std=std, env_steps=100, wall_time=wall,
                             parent_id=parent, created=float(next(_created))))
 
 
@@ -46,13 +47,98 @@ def _planner(store: LeaderboardStore, mix: dict[str, float] | None = None,
                    random.Random(0), lost_after_s=600.0)
 
 
-def test_shares_follow_the_mix_until_every_algorithm_has_a_score() -> None:
-    assert shares(MIX, {"ppo": 1.0, "sac": 5.0}, 0.15) == pytest.approx(
-        {"ppo": 1 / 3, "sac": 1 / 3, "td3": 1 / 3})
-    lead = shares(MIX, {"ppo": 1.0, "sac": 5.0, "td3": 2.0}, 0.15)
-    assert lead == pytest.approx({"ppo": 0.15, "sac": 0.7, "td3": 0.15})
-    weighted = shares({"ppo": 2.0, "sac": 1.0}, {"ppo": 0.0, "sac": 1.0}, 0.15)
+def test_shares_follow_the_mix_until_measured_then_the_rates() -> None:
+    # td3 not measured yet: it keeps its mix share; the others split the rest by rate
+    part = shares(MIX, {"ppo": 1.0, "sac": 3.0}, {"ppo": 5.0, "sac": 1.0}, 0.15)
+    assert part["td3"] == pytest.approx(1 / 3)
+    assert part["ppo"] == pytest.approx(0.15 + (2 / 3 - 0.3) * 0.25)
+    assert part["sac"] == pytest.approx(0.15 + (2 / 3 - 0.3) * 0.75)
+    assert shares(MIX, {}, {}, 0.15) == pytest.approx(dict.fromkeys(MIX, 1 / 3))
+    rated = shares(MIX, {"ppo": 0.0, "sac": 4.0, "td3": -2.0}, {}, 0.15)
+    assert rated == pytest.approx({"ppo": 0.15, "sac": 0.7, "td3": 0.15})  # negative = 0
+    # nobody improves: the leader takes the rest
+    flat = shares(MIX, {"ppo": 0.0, "sac": -1.0, "td3": 0.0}, {"ppo": 1.0, "sac": 5.0,
+                                                               "td3": 2.0}, 0.15)
+    assert flat == pytest.approx({"ppo": 0.15, "sac": 0.7, "td3": 0.15})
+    weighted = shares({"ppo": 2.0, "sac": 1.0}, {"ppo": 0.0, "sac": 1.0}, {}, 0.15)
     assert weighted == pytest.approx({"ppo": 0.2, "sac": 0.8})  # floor scaled by the weight
+
+
+def _curve(store: LeaderboardStore, algorithm: str, scores: list[float],
+           wall: float = 20.0) -> str:
+    """One lineage of ``algorithm`` whose rounds (``wall`` s each) scored ``scores``."""
+    parent = None
+    for n, score in enumerate(scores):
+        cid = f"{algorithm}{n}"
+        _put(store, cid, algorithm, score, parent=parent, wall=wall)
+        parent = cid
+    return f"{algorithm}{len(scores) - 1}"
+
+
+def _rounds(planner: Planner, n: int) -> dict[str, int]:
+    counts = dict.fromkeys(planner.mix, 0)
+    for k in range(n):
+        plan = planner.next()
+        planner.issued(f"x{k}-{plan.algorithm}", plan)
+        counts[plan.algorithm] += 1
+    return counts
+
+
+def ppo_fast_then_flat(t: float) -> float:
+    """Cheap steps: up quickly, then nowhere."""
+    return 3000.0 * min(t, 60.0) / 60.0
+
+
+def sac_slow_then_rising(t: float) -> float:
+    """Nothing for a minute, then a steady climb past PPO."""
+    return 40.0 * max(0.0, t - 60.0)
+
+
+@pytest.mark.parametrize(("trained", "leader"), [(60.0, "ppo"), (200.0, "sac")])
+def test_compute_follows_improvement_per_second(store: LeaderboardStore, trained: float,
+                                                leader: str) -> None:
+    times = [20.0 * k for k in range(1, int(trained / 20.0) + 1)]
+    _curve(store, "ppo", [ppo_fast_then_flat(t) for t in times])
+    _curve(store, "sac", [sac_slow_then_rising(t) for t in times])
+    planner = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=1)
+    allocation = planner.allocation()
+    assert allocation[leader] == pytest.approx(0.85)  # the floor of the other is 0.15
+    counts = _rounds(planner, 20)
+    # the rising algorithm gets most rounds; the floor keeps the other one alive
+    assert counts[leader] >= 15 and min(counts.values()) >= 2
+
+
+def test_sac_takes_over_after_the_crossover_though_ppo_still_leads_in_score(
+        store: LeaderboardStore) -> None:
+    times = [20.0 * k for k in range(1, 7)]  # 120 s each: SAC at 2400, PPO at 3000
+    _curve(store, "ppo", [ppo_fast_then_flat(t) for t in times])
+    _curve(store, "sac", [sac_slow_then_rising(t) for t in times])
+    planner = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=1)
+    assert store.best() is not None and store.best().algorithm == "ppo"  # type: ignore[union-attr]
+    assert planner.allocation()["sac"] > 0.8
+
+
+def test_a_starved_algorithm_is_judged_on_its_own_training_time(
+        store: LeaderboardStore) -> None:
+    # SAC had only two rounds (its floor) while PPO had twelve: its rate counts its
+    # 40 s of training, not the 240 s of the experiment
+    _curve(store, "ppo", [3000.0 + (k % 2) for k in range(12)])
+    _curve(store, "sac", [100.0, 900.0])
+    planner = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=1)
+    assert planner.allocation()["sac"] > 0.8
+
+
+def test_shares_change_at_once_not_after_the_old_surplus_is_paid_back(
+        store: LeaderboardStore) -> None:
+    planner = _planner(store, {"ppo": 1.0, "sac": 1.0})
+    for k in range(30):  # a long stretch of PPO rounds
+        planner.issued(f"p{k}", Plan("ppo", None, False, "test"))
+    _curve(store, "ppo", [1.0, 2.0])
+    _curve(store, "sac", [1.0, 100.0])
+    # counted since the start, PPO's 30 rounds would starve it for about 160 rounds of
+    # SAC at these shares; recent counts give it its floor within a few dozen
+    counts = _rounds(planner, 30)
+    assert counts["ppo"] >= 1 and counts["sac"] >= 25
 
 
 def test_first_rounds_follow_the_mix_order_then_the_leader_gets_most(
@@ -93,9 +179,9 @@ def test_a_lineage_is_continued_until_ready_before_it_can_be_replaced(
     best = planner.next()  # the best idle head goes first
     assert best.parent is not None and best.parent.id == "a" and not best.mutate
     planner.issued("a1", best)
-    plan = planner.next()  # b's lineage is ready (70 s), still worse, idle: replaced
+    plan = planner.next()  # b's lineage is ready (70 s), behind, falling, idle: replaced
     assert plan.mutate and plan.parent is not None and plan.parent.id == "a"
-    assert plan.reason == "replace a weak lineage"
+    assert plan.reason == "replace a lineage that is behind and not improving"
 
 
 def test_the_best_idle_head_is_continued_and_busy_heads_are_branched(
@@ -153,3 +239,47 @@ def test_an_early_lead_before_every_algorithm_is_ready_takes_no_rounds(
         planner.issued(f"x{n}", plan)
         counts[plan.algorithm] += 1
     assert counts == {"ppo": 2, "sac": 2, "td3": 2}
+
+
+def _two_lineages(store: LeaderboardStore, b_scores: list[float], a_head: float = 400.0,
+                  std: float = 1.0) -> Planner:
+    """Lineage a rising to ``a_head``; lineage b branched off a's first checkpoint."""
+    _put(store, "a0", "sac", 100.0, std=std)
+    _put(store, "a1", "sac", (100.0 + a_head) / 2, parent="a0", std=std)
+    _put(store, "a2", "sac", a_head, parent="a1", std=std)
+    parent = "a0"
+    for n, score in enumerate(b_scores):
+        _put(store, f"b{n}", "sac", score, parent=parent, hparams={"lr": 2e-3}, std=std)
+        parent = f"b{n}"
+    planner = _planner(store, {"sac": 1.0}, members=2, ready_s=60.0)
+    first = planner.next()  # the best head goes first
+    assert first.parent is not None and first.parent.id == "a2" and not first.mutate
+    planner.issued("a3", first)
+    return planner
+
+
+def test_a_lineage_behind_and_not_improving_gives_up_its_pod(store: LeaderboardStore) -> None:
+    plan = _two_lineages(store, [100.0, 100.2, 99.8, 100.1]).next()
+    assert plan.mutate and plan.parent is not None and plan.parent.id == "a2"
+    assert plan.reason == "replace a lineage that is behind and not improving"
+
+
+def test_a_lineage_behind_but_improving_keeps_its_pod(store: LeaderboardStore) -> None:
+    plan = _two_lineages(store, [100.0, 120.0, 140.0, 160.0]).next()
+    assert plan.parent is not None and plan.parent.id == "b3" and not plan.mutate
+
+
+def test_a_lead_within_the_noise_takes_no_lineage_over(store: LeaderboardStore) -> None:
+    # a's head is ahead by 3 with an episode std of 20 over 16 episodes: not significant
+    plan = _two_lineages(store, [100.0, 100.0, 100.0, 100.0], a_head=103.0, std=20.0).next()
+    assert plan.parent is not None and plan.parent.id == "b3" and plan.reason == "continue"
+
+
+def test_the_rate_of_a_lineage_is_its_recent_slope_per_training_second(
+        store: LeaderboardStore) -> None:
+    head = _curve(store, "sac", [0.0, 0.0, 0.0, 100.0, 200.0, 300.0, 400.0], wall=10.0)
+    family = Family(store.top(100, algorithm="sac"))
+    assert family.rate(head, 4) == pytest.approx(10.0)
+    assert family.rate("sac0", 4) is None  # one evaluation: not measured
+    assert family.improving(head, 4, 16) and family.improving("sac0", 4, 16)
+    assert not family.improving("sac2", 3, 16)

@@ -17,14 +17,17 @@ from leaderboard.selection import (
     Tournament,
     default_strategies,
     ranked,
+    significantly_better,
+    t_sf,
+    welch,
 )
 from leaderboard.store import Entry
 
 
-def entry(cid: str, score: float, created: float = 0.0) -> Entry:
+def entry(cid: str, score: float, created: float = 0.0, std: float = 0.0) -> Entry:
     """An entry with only the ranking fields meaningful."""
     return Entry(id=cid, parent_id=None, experiment="e", init_id="i", pod="p", algorithm="ppo",
-                 env="env", hparams={}, score_mean=score, score_std=0.0, env_steps=1,
+                 env="env", hparams={}, score_mean=score, score_std=std, env_steps=1,
                  wall_time=1.0, generation=0, created=created, blob=BlobRef.of("0" * 64, 0))
 
 
@@ -104,3 +107,33 @@ def test_builder_validates_names_and_params() -> None:
         default_strategies().build("top_k", {"k": 0})
     with pytest.raises(ConfigError, match="known: none"):
         default_strategies().build("fresh", {"k": 1})
+
+
+@pytest.mark.parametrize(("t", "df", "p"), [(2.0, 10.0, 0.03669), (1.0, 3.0, 0.19550),
+                                            (2.1314495, 15.0, 0.025), (0.0, 7.0, 0.5),
+                                            (-1.0, 5.0, 0.81839), (12.0, 2.0, 0.003436)])
+def test_t_tail_matches_the_tables(t: float, df: float, p: float) -> None:
+    assert t_sf(t, df) == pytest.approx(p, abs=2e-5)
+
+
+def test_welch_statistic_and_degrees_of_freedom_by_hand() -> None:
+    # population stds 3 and 4 over 10 and 5 episodes: sample variances 10 and 20
+    t, df = welch(12.0, 3.0, 10, 10.0, 4.0, 5)
+    assert t == pytest.approx(2.0 / (10 / 10 + 20 / 5) ** 0.5)
+    assert df == pytest.approx(25.0 / (1.0 / 9 + 16.0 / 4))
+    with pytest.raises(ConfigError, match="episodes"):
+        welch(1.0, 1.0, 1, 0.0, 1.0, 10)
+
+
+def test_a_challenger_must_be_significantly_better() -> None:
+    incumbent = entry("old", 100.0, std=20.0)
+    lucky = entry("lucky", 108.0, std=20.0)  # t = 1.1 over 16 episodes a side
+    clear = entry("clear", 125.0, std=20.0)  # t = 3.4
+    assert not significantly_better(lucky, incumbent, 16)
+    assert significantly_better(clear, incumbent, 16)
+    assert not significantly_better(incumbent, clear, 16)  # one-sided
+    assert significantly_better(lucky, incumbent, 16, alpha=0.2)
+    # no spread at all (a deterministic env): any higher mean is better, a tie is not
+    assert significantly_better(entry("x", 1.0), entry("y", 0.0), 8)
+    assert not significantly_better(entry("x", 1.0), entry("y", 1.0), 8)
+    assert significantly_better(lucky, incumbent, 1)  # one episode: nothing to test

@@ -1,0 +1,166 @@
+"""The tables of ``benchmarks.tournament``: one per task, then the raw per-run values."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+
+from benchmarks.tournament_runs import POOL_OFF, RunResult, Task
+from benchmarks.tournament_sb3 import SB3_METHODS
+
+TOURNAMENTS = ("tournament", "tournament-nopool")
+LONE = ("ppo", "sac", "td3")
+RANDOM = tuple(f"{algo}-random" for algo in LONE)
+METHODS = (*TOURNAMENTS, *LONE, *RANDOM, *SB3_METHODS, "best-of-4")
+W = max(len(m) for m in METHODS)
+"""Width of the method column."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One (task, method) row: its metric over every run that did not fail."""
+
+    method: str
+    runs: list[RunResult]
+    values: list[float]
+    missed: int
+    """Runs that did not reach the target (their value is the cap)."""
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values) if self.values else math.nan
+
+    @property
+    def std(self) -> float:
+        return statistics.stdev(self.values) if len(self.values) > 1 else 0.0
+
+    def cell(self) -> str:
+        """``mean ± std`` (sample std), or the mean alone for one run."""
+        if not self.values:
+            return "n/a"
+        return f"{self.mean:.1f}" + (f" ± {self.std:.1f}" if len(self.values) > 1 else "")
+
+
+def _rows(task: Task, cap: float, results: list[RunResult]) -> dict[str, Row]:
+    rows: dict[str, Row] = {}
+    for method in METHODS:
+        runs = [r for r in results if r.task == task.key and r.method == method]
+        ok = [r for r in runs if not r.failed]
+        if task.target is not None:
+            values = [cap if r.time_to_target is None else r.time_to_target for r in ok]
+            missed = sum(r.time_to_target is None for r in ok)
+        else:
+            values, missed = [r.score for r in ok if r.score is not None], 0
+        if runs:
+            rows[method] = Row(method, runs, values, missed)
+    return rows
+
+
+def _ratio(a: float, b: float | None) -> str:
+    return "-" if b is None or b == 0 or math.isnan(a) or math.isnan(b) else f"{a / b:.2f}"
+
+
+def _time_cell(row: Row, cap: float) -> str:
+    if not row.values:
+        return "n/a"
+    if row.missed == len(row.values):
+        return f"> {cap:g}"
+    return (">= " if row.missed else "") + row.cell()
+
+
+def _pendulum_table(task: Task, cap: float, rows: dict[str, Row]) -> list[str]:
+    lone = [r for m, r in rows.items() if m in LONE and r.values]
+    best = min(lone, key=lambda r: r.mean, default=None)
+    sb3 = rows.get("sb3-ppo")
+    sb3_mean = sb3.mean if sb3 is not None and sb3.values else None
+    lines = [f"{'method':{W}} {'seconds to target':>18} {'n':>3} {'reached':>7} "
+             f"{'confirm':>8} {'/ best lone':>11} {'/ sb3-ppo':>10} {'train() s':>9}",
+             f"(best tuned lone agent: {best.method if best else 'none run'})"]
+    for method, row in rows.items():
+        confirms = [r.confirm for r in row.runs if r.confirm is not None]
+        confirm = f"{statistics.fmean(confirms):.0f}" if confirms else "-"
+        walls = [r.wall for r in row.runs if method in TOURNAMENTS and not r.failed]
+        wall = f"{statistics.fmean(walls):.1f}" if walls else ""
+        lines.append(f"{method:{W}} {_time_cell(row, cap):>18} {len(row.values):>3} "
+                     f"{len(row.values) - row.missed:>3}/{len(row.values):<3} {confirm:>8} "
+                     f"{_ratio(row.mean, best.mean if best else None):>11} "
+                     f"{_ratio(row.mean, sb3_mean):>10} {wall:>9}")
+    return lines
+
+
+def _score_table(rows: dict[str, Row]) -> list[str]:
+    lone = [r for m, r in rows.items() if m in LONE and r.values]
+    best = max(lone, key=lambda r: r.mean, default=None)
+    # the std reference needs 2+ runs: the best lone row that has them
+    spread = max((r for r in lone if len(r.values) > 1), key=lambda r: r.mean, default=None)
+    randoms = [r for m, r in rows.items() if m in RANDOM and r.values]
+    lines = [f"{'method':{W}} {'score (mean ± std)':>20} {'n':>3} {'/ best lone':>11} "
+             f"{'beats all random':>16} {'std / lone std':>14}",
+             f"(best tuned lone agent: {best.method if best else 'none run'}; std reference: "
+             f"{spread.method if spread else 'none with 2+ runs'}; "
+             f"random rows run: {', '.join(r.method for r in randoms) or 'none'})"]
+    for method, row in rows.items():
+        cell = row.cell()
+        beats = ("-" if not randoms or not row.values or method in RANDOM
+                 else "yes" if all(row.mean > r.mean for r in randoms) else "no")
+        std_ratio = _ratio(row.std, spread.std if spread else None)
+        lines.append(f"{method:{W}} {cell:>20} {len(row.values):>3} "
+                     f"{_ratio(row.mean, best.mean if best else None):>11} {beats:>16} "
+                     f"{std_ratio if len(row.values) > 1 else '-':>14}")
+    return lines
+
+
+def _raw(task: Task, rows: dict[str, Row]) -> list[str]:
+    lines = []
+    for method, row in rows.items():
+        cells = []
+        for r in row.runs:
+            name = f"s{r.seed}" + (f"d{r.draw}" if r.draw is not None else "")
+            if r.failed:
+                value = "failed"
+            elif task.target is not None:
+                value = ("miss" if r.time_to_target is None
+                         else f"{r.time_to_target:.1f}s/{r.confirm:.0f}")
+            else:
+                value = f"{r.score:.1f}" if r.score is not None else "n/a"
+            cells.append(f"{name} {value}")
+        lines.append(f"  {method:{W}} " + ", ".join(cells))
+    return lines
+
+
+def _pool_lines(rows: dict[str, Row]) -> list[str]:
+    """The pool's share of each member algorithm's training data, per tournament run."""
+    lines = []
+    if "tournament-nopool" in rows and not POOL_OFF:
+        lines.append("(tournament-nopool: the experience pool does not exist yet, so this "
+                     "row repeats the tournament)")
+    for method in TOURNAMENTS:
+        row = rows.get(method)
+        for r in row.runs if row is not None else []:
+            if not r.failed:
+                share = ", ".join(f"{a} {v:.2f}" for a, v in sorted(r.pool_share.items()))
+                lines.append(f"pool share of training data, {method} s{r.seed}: "
+                             f"{share or 'no checkpoints'}")
+    return lines
+
+
+def report(tasks: list[Task], budgets: dict[str, float], results: list[RunResult]) -> str:
+    """The tables of every task, then the raw per-run values."""
+    out: list[str] = []
+    for task in tasks:
+        cap = budgets[task.key]
+        rows = _rows(task, cap, results)
+        if task.target is not None:
+            out.append(f"\n== {task.key} ({task.env}): wall seconds to {task.target:g}, "
+                       f"cap {cap:g} s (confirm: 10-episode re-evaluation) ==")
+            out += _pendulum_table(task, cap, rows)
+        else:
+            out.append(f"\n== {task.key} ({task.env}): 10-episode deterministic score "
+                       f"after {cap:g} s ==")
+            out += _score_table(rows)
+        out += _pool_lines(rows)
+        out.append("per run (time to target s/confirm, or score):"
+                   if task.target is not None else "per run (score):")
+        out += _raw(task, rows)
+    return "\n".join(out)
