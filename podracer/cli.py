@@ -129,6 +129,14 @@ def cmd_train(args: argparse.Namespace) -> int:
                           "a resumed run keeps its name; drop --name")
     settings = settings_from_env(experiment=experiment, broker=args.broker,
                                  device=args.device, torch_threads=args.threads)
+    from podracer.preflight import checked
+
+    # before anything is written: a broken set-up is one line and exit code 2
+    ready = checked(settings, explicit_algos=bool(args.algos or args.experiment_file
+                                                  or args.experiment), dry_run=args.dry_run)
+    if ready is None:
+        return 0
+    settings = ready
     out = resume_dir or (Path(args.out) if args.out else Path("runs") / experiment.name)
     expiry = (parse_duration(args.queue_expiry, "--queue-expiry") if args.queue_expiry
               else DEFAULT_QUEUE_EXPIRY_S)
@@ -167,7 +175,13 @@ def _serve(args: argparse.Namespace) -> int:
     from broker.runtime.supervise import run_supervised  # a crash restarts the service
     from broker.transports.connect import connector
 
-    settings = _serve_settings(args, args.role)
+    from podracer.preflight import checked
+
+    ready = checked(_serve_settings(args, args.role), explicit_algos=True,
+                    dry_run=args.dry_run, must_end=False)
+    if ready is None:
+        return 0
+    settings = ready
     name = settings.instance_name(args.role)
     # the registries and the broker connection are built here, once, and passed in
     connect = connector(settings.broker)
@@ -208,6 +222,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
 
 
+def _add_dry_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the env, algorithms, device and budget; run nothing")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``podracer``."""
     parser = argparse.ArgumentParser(prog="podracer", description=__doc__)
@@ -237,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true",
                    help="service log lines on the console too (always in <out>/logs/)")
     _add_common(p)
+    _add_dry_run(p)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("serve", help="run one service (needs --broker)")
@@ -252,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poll", type=float, default=1.0, help="orchestrator: seconds per poll")
     p.add_argument("--log-dir", help="orchestrator: directory for local pods' logs")
     _add_common(p)
+    _add_dry_run(p)
     p.set_defaults(func=cmd_serve)
 
     from podracer import backtest, inspect_cli, layers, lifecycle_cli, report, status_cli

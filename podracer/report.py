@@ -42,6 +42,8 @@ class Summary:
     checkpoints: int
     best_score: float | None
     best_id: str | None
+    charts: tuple[Path, ...] = ()
+    """The PNGs written (none for an empty store; no throughput chart for a zero span)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,9 +283,9 @@ def write_report(out: Path, started_wall: float, *, target: float | None = None)
     with LeaderboardStore(out) as store:
         entries = store.entries()
         best = store.best()
-    if entries:
-        draw(entries, out, started_wall, target)
-    return Summary(len(entries), best.score_mean if best else None, best.id if best else None)
+    charts = tuple(draw(entries, out, started_wall, target)) if entries else ()
+    return Summary(len(entries), best.score_mean if best else None, best.id if best else None,
+                   charts)
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -68,6 +68,7 @@ from orchestrator.embedded import TaskScaler
 from orchestrator.policy import StopCondition
 from orchestrator.probes import machine_pods
 from podracer.monitor import Monitor
+from podracer.outcome import NO_CHECKPOINT, charts_text, stored_nothing
 from podracer.report import write_report
 
 log = logging.getLogger(__name__)
@@ -189,8 +190,8 @@ async def _embedded(settings: Settings, monitor: Monitor, registry: AlgorithmReg
             ctx.stop()
 
     for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(signum, on_signal)
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # RuntimeError: not the
+            loop.add_signal_handler(signum, on_signal)  # main thread (podracer.api)
     async with connect(experiment=settings.experiment.name) as transport:
         watcher = asyncio.create_task(monitor.follow(transport))
         # the updater and generator subscribe before the orchestrator can stop them
@@ -250,8 +251,8 @@ async def _processes(settings: Settings, monitor: Monitor, out: Path,
         wake.set()
 
     for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(signum, on_signal, signum)
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # RuntimeError: not the
+            loop.add_signal_handler(signum, on_signal, signum)  # main thread (podracer.api)
     async with connector(settings.broker)(experiment=settings.experiment.name) as transport:
         watcher = asyncio.create_task(monitor.follow(transport))
         for role in SERVICE_ROLES:
@@ -403,6 +404,8 @@ def train(settings: Settings, out: Path, *, progress: bool = True,
         state = ("interrupted" if session.interrupted or monitor.stop_reason in (None,
                                                                                 INTERRUPTED)
                  else "finished" if code == 0 else "failed")
+        if code == 0 and not session.interrupted and stored_nothing(out):
+            code, state = 1, NO_CHECKPOINT  # a run that trained nothing did not succeed
         record.update(ended=time.time(), state=state, stop=monitor.stop_reason,
                       exit_code=code)
         _write_sessions(out, [*sessions, record])
@@ -414,8 +417,7 @@ def train(settings: Settings, out: Path, *, progress: bool = True,
                          monitor.stop_reason)
     print(f"podracer: {'done' if code == 0 else 'FAILED'} in {seconds:.1f}s: "
           f"{result.checkpoints} checkpoints, best {result.best_score}, "
-          f"stop: {result.stop_reason or 'n/a'}; charts {out / 'tournament.png'} and "
-          f"{out / 'throughput.png'}"
+          f"stop: {result.stop_reason or 'n/a'}; {charts_text(summary.charts)}"
           + (f"; go on with `podracer train --resume {out}`" if state == "interrupted" else ""),
           flush=True)
     return result
