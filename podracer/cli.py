@@ -174,7 +174,6 @@ def _serve(args: argparse.Namespace) -> int:
     from agents.registry import default_registry
     from broker.runtime.supervise import run_supervised  # a crash restarts the service
     from broker.transports.connect import connector
-
     from podracer.preflight import checked
 
     ready = checked(_serve_settings(args, args.role), explicit_algos=True,

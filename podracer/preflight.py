@@ -97,15 +97,15 @@ def check_algorithms(experiment: Experiment, registry: AlgorithmRegistry,
     for name in experiment.algos:
         try:
             check_action_space(registry, name, action_space)  # type: ignore[arg-type]
-        except ConfigError as exc:
-            unfit[name] = exc
+        except ConfigError as refused:
+            unfit[name] = refused
     if not unfit:
         return experiment, []
     fit = [n for n in experiment.algos if n not in unfit]
     if explicit or not fit:
-        name, exc = next(iter(unfit.items()))
-        raise ConfigError(f"algos.{name}", f"{exc.problem} (env {experiment.env} acts in "
-                          f"{action_space})", f"--algos: {exc.fix}")
+        name, first = next(iter(unfit.items()))
+        raise ConfigError(f"algos.{name}", f"{first.problem} (env {experiment.env} acts in "
+                          f"{action_space})", f"--algos: {first.fix}")
     return _only(experiment, fit), list(unfit)
 
 
@@ -136,22 +136,22 @@ def preflight(settings: Settings, registry: AlgorithmRegistry | None = None, *,
     note = (f"{', '.join(dropped)} cannot act in {exp.env}'s actions {action_space}: "
             f"training {', '.join(exp.algos)} only (--algos chooses)" if dropped else None)
     return Preflight(dataclasses.replace(settings, experiment=exp), tuple(dropped), device,
-                     f"observations of shape {getattr(obs_space, 'shape', None)}, actions {action_space}",
-                     note)
+                     f"observations of shape {getattr(obs_space, 'shape', None)}, "
+                     f"actions {action_space}", note)
 
 
 def dry_run_report(checked: Preflight) -> str:
     """The line ``--dry-run`` prints when every check passed."""
     exp = checked.settings.experiment
     total = exp.total_budget
-    budget = " or ".join([f"{total.seconds:g} s"] if total.seconds is not None else []) + (
-        f"{' or ' if total.seconds is not None else ''}{total.env_steps} env steps"
-        if total.env_steps is not None else "")
+    budget = " or ".join(([f"{total.seconds:g} s"] if total.seconds is not None else [])
+                         + ([f"{total.env_steps} env steps"] if total.env_steps is not None
+                            else [])) or "none"
+    target = "none" if exp.target_score is None else f"{exp.target_score:g}"
     dropped = f" ({', '.join(checked.dropped)} dropped)" if checked.dropped else ""
     return (f"podracer: checks passed: {exp.env} ({checked.spaces}); algorithms "
-            f"{', '.join(exp.algos)}{dropped}; device {checked.device}; budget "
-            f"{budget or 'none'}; target {exp.target_score if exp.target_score is not None else 'none'}"
-            "; nothing written (--dry-run)")
+            f"{', '.join(exp.algos)}{dropped}; device {checked.device}; budget {budget}; "
+            f"target {target}; nothing written (--dry-run)")
 
 
 def checked(settings: Settings, *, explicit_algos: bool, dry_run: bool,
