@@ -67,6 +67,7 @@ from orchestrator import service as orchestrator_service
 from orchestrator.embedded import TaskScaler
 from orchestrator.policy import StopCondition
 from orchestrator.probes import machine_pods
+from podracer import console
 from podracer.monitor import Monitor
 from podracer.outcome import NO_CHECKPOINT, charts_text, stored_nothing
 from podracer.report import write_report
@@ -230,8 +231,8 @@ async def _guarded(coro: Any) -> int:
 
 
 def _budget_text(budget: Budget) -> str:
-    parts = ([f"{budget.seconds:g} s"] if budget.seconds is not None else []) + (
-        [f"{budget.steps} steps"] if budget.steps is not None else [])
+    parts = ([console.duration(budget.seconds)] if budget.seconds is not None else []) + (
+        [f"{budget.steps:,} env steps"] if budget.steps is not None else [])
     return " or ".join(parts)
 
 
@@ -365,19 +366,22 @@ def train(settings: Settings, out: Path, *, progress: bool = True,
                   "Give a larger --budget or --target-score to go on.", flush=True)
             best = done.best.score_mean if done.best else None
             return TrainResult(0, best, done.checkpoints, 0.0, finished)
-        print(f"podracer: resuming {exp.name}: {done.checkpoints} checkpoints, generation "
-              f"{done.generation}, best {done.best.score_mean if done.best else None}, "
-              f"{done.seconds:.0f} s and {done.env_steps} env steps spent", flush=True)
+        print(f"podracer: resuming {exp.name}: {console.plural(done.checkpoints, 'checkpoint')}"
+              f", generation {done.generation}, best "
+              f"{console.score(done.best.score_mean if done.best else None)}, "
+              f"{console.duration(done.seconds)} and {done.env_steps:,} env steps spent",
+              flush=True)
     write_experiment(exp, out / EXPERIMENT_FILE)
     if not embedded:
         _prepare_broker(settings.broker, exp.name, resume, queue_expiry_s)
     session_settings = dataclasses.replace(
         settings, experiment=time_left(exp, done) if done is not None else exp)
-    print(f"podracer: training {', '.join(exp.algos)} on {exp.env} with {exp.pods} pods "
-          f"({'embedded' if embedded else redact(settings.broker)})"
-          f"; {settings.torch_threads} torch thread(s) per pod; rounds of "
-          f"{_budget_text(exp.round_budget)}; target {exp.target_score}; writing {out}",
-          flush=True)
+    print(f"podracer: training {', '.join(exp.algos)} on {exp.env} with "
+          f"{console.plural(exp.pods, 'pod')} "
+          f"({'embedded' if embedded else redact(settings.broker)}); "
+          f"{console.plural(settings.torch_threads or 1, 'torch thread')} per pod; rounds of "
+          f"{_budget_text(exp.round_budget)}; budget {console.budget(exp.total_budget)}; "
+          f"{console.target(exp)}; writing {out}", flush=True)
     sessions = read_sessions(out)
     record: dict[str, Any] = {"started": time.time(), "host": socket.gethostname(),
                               "pid": os.getpid(),
@@ -415,9 +419,10 @@ def train(settings: Settings, out: Path, *, progress: bool = True,
     summary = write_report(out, started_wall=zero, target=exp.target_score)
     result = TrainResult(code, summary.best_score, summary.checkpoints, seconds,
                          monitor.stop_reason)
-    print(f"podracer: {'done' if code == 0 else 'FAILED'} in {seconds:.1f}s: "
-          f"{result.checkpoints} checkpoints, best {result.best_score}, "
-          f"stop: {result.stop_reason or 'n/a'}; {charts_text(summary.charts)}"
+    print(f"podracer: {'done' if code == 0 else 'FAILED'} in {console.duration(seconds)}: "
+          f"{console.plural(result.checkpoints, 'checkpoint')}, best "
+          f"{console.score(result.best_score)}, {_spent(out).env_steps:,} env steps; "
+          f"stop: {result.stop_reason or state}; {charts_text(summary.charts)}"
           + (f"; go on with `podracer train --resume {out}`" if state == "interrupted" else ""),
           flush=True)
     return result
