@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import multiprocessing
 import multiprocessing.connection
+import signal
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -212,6 +213,10 @@ def _serve(conn: multiprocessing.connection.Connection, stop: Any,
            registry: AlgorithmRegistry, config: RunnerConfig,
            make_env: Callable[[str, int, torch.device], VecEnv]) -> None:
     """The worker process: run each job received on ``conn`` until ``None`` arrives."""
+    # Ctrl-C reaches every process of the terminal's group; the pod owning this worker
+    # decides how the round ends (it sets ``stop``: the round is cut short, evaluated and
+    # published), so the child must not die of it mid-round
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     runner = RoundRunner(registry, config, make_env)
