@@ -419,7 +419,8 @@ def train(settings: Settings, out: Path, *, progress: bool = True,
     summary = write_report(out, started_wall=zero, target=exp.target_score)
     result = TrainResult(code, summary.best_score, summary.checkpoints, seconds,
                          monitor.stop_reason)
-    print(f"podracer: {'done' if code == 0 else 'FAILED'} in {console.duration(seconds)}: "
+    ended = "FAILED" if code else "interrupted" if state == "interrupted" else "done"
+    print(f"podracer: {ended} after {console.duration(seconds)}: "
           f"{console.plural(result.checkpoints, 'checkpoint')}, best "
           f"{console.score(result.best_score)}, {_spent(out).env_steps:,} env steps; "
           f"stop: {result.stop_reason or state}; {charts_text(summary.charts)}"
