@@ -36,7 +36,7 @@ import logging
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -303,7 +303,9 @@ class BrokerAdmin(SyncClient):
 
     def _passive(self, name: str) -> QueueInfo | None:
         try:
-            ok = self._admin_call(lambda ch: ch.queue_declare(name, passive=True), what=name)
+            with _expected_not_found():
+                ok = self._admin_call(lambda ch: ch.queue_declare(name, passive=True),
+                                      what=name)
         except _Missing:
             return None
         return QueueInfo(name, int(ok.method.message_count), int(ok.method.consumer_count))
@@ -352,6 +354,26 @@ class BrokerAdmin(SyncClient):
         except OSError as exc:
             self.close()
             raise ConnectionClosed(f"{redact(self.url)}: {exc}") from None
+
+
+class _DropNotFound(logging.Filter):
+    """Drops pika's warning about a channel the broker closed with 404 (NOT_FOUND)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(getattr(arg, "reply_code", arg) == _NOT_FOUND
+                       for arg in (record.args if isinstance(record.args, tuple) else ()))
+
+
+@contextlib.contextmanager
+def _expected_not_found() -> Iterator[None]:
+    """A passive declare asks whether a queue exists: its 404 is an answer, not a warning
+    (``podracer train`` used to print two pika WARNING lines before its header)."""
+    logger, dropper = logging.getLogger("pika.channel"), _DropNotFound()
+    logger.addFilter(dropper)
+    try:
+        yield
+    finally:
+        logger.removeFilter(dropper)
 
 
 class _Missing(Exception):
