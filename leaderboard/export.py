@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium
+import numpy as np
 import torch
 
 from agents.base import Agent, AlgorithmRegistry, Scalar
@@ -88,6 +89,23 @@ class Policy:
         if isinstance(self.action_space, gymnasium.spaces.Discrete):
             return self._vote(stacked, self.action_space)
         return self._average(stacked, self.action_space)
+
+    def predict(self, obs: Any) -> Any:
+        """Actions for ``obs`` given as NumPy (or a list) or torch, one observation or a
+        batch; returned in the same kind and shape: ``act[N, ...]`` for ``obs[N, ...]``,
+        ``act[...]`` for one. Like Stable-Baselines3's ``predict`` (deterministic), but
+        the actions alone: a policy here has no recurrent state to return."""
+        numpy_in = not isinstance(obs, torch.Tensor)
+        tensor = torch.as_tensor(np.asarray(obs, dtype=np.float32)) if numpy_in else obs
+        shape = tuple(getattr(self.observation_space, "shape", None) or ())
+        single = tuple(tensor.shape) == shape
+        if shape and not single and tuple(tensor.shape[1:]) != shape:
+            raise ConfigError("obs", f"shape {tuple(tensor.shape)} is neither one observation "
+                              f"{shape} nor a batch of them", f"give shape {shape} or "
+                              f"(N, {', '.join(map(str, shape))})")
+        actions = self(tensor[None] if single else tensor)
+        actions = actions[0] if single else actions
+        return actions.cpu().numpy() if numpy_in else actions.to(tensor.device)
 
     def _average(self, stacked: torch.Tensor, space: gymnasium.spaces.Box) -> torch.Tensor:
         mean = stacked.float().mean(dim=0)

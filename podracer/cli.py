@@ -151,6 +151,14 @@ def cmd_train(args: argparse.Namespace) -> int:
                           "a resumed run keeps its name; drop --name")
     settings = settings_from_env(experiment=experiment, broker=args.broker,
                                  device=args.device, torch_threads=args.threads)
+    from podracer.preflight import checked
+
+    # before anything is written: a broken set-up is one line and exit code 2
+    ready = checked(settings, explicit_algos=bool(args.algos or args.experiment_file
+                                                  or args.experiment), dry_run=args.dry_run)
+    if ready is None:
+        return 0
+    settings = ready
     out = resume_dir or (Path(args.out) if args.out else Path("runs") / experiment.name)
     expiry = (parse_duration(args.queue_expiry, "--queue-expiry") if args.queue_expiry
               else DEFAULT_QUEUE_EXPIRY_S)
@@ -191,9 +199,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from broker.runtime.supervise import run_supervised  # a crash restarts the service
     from broker.transports.connect import connector
+    from podracer.preflight import checked
     from podracer.roles import Wiring, service
 
-    settings = _serve_settings(args, args.role)
+    ready = checked(_serve_settings(args, args.role), explicit_algos=True,
+                    dry_run=args.dry_run, must_end=False)
+    if ready is None:
+        return 0
+    settings = ready
     name = settings.instance_name(args.role)
     # what services share is built here, once; which of it each takes: podracer.roles
     wiring = Wiring(connector(settings.broker))
@@ -214,6 +227,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--broker", help="amqp://user:pass@host:5672/ (env PODRACER_BROKER)")
     p.add_argument("--device", help="cpu, cuda, cuda:N (env PODRACER_DEVICE)")
     p.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
+
+
+def _add_dry_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the env, algorithms, device and budget; run nothing")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -245,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true",
                    help="service log lines on the console too (always in <out>/logs/)")
     _add_common(p)
+    _add_dry_run(p)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("serve", help="run one service (needs --broker)")
@@ -260,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poll", type=float, default=1.0, help="orchestrator: seconds per poll")
     p.add_argument("--log-dir", help="orchestrator: directory for local pods' logs")
     _add_common(p)
+    _add_dry_run(p)
     p.set_defaults(func=cmd_serve)
 
     from podracer import backtest, inspect_cli, layers, lifecycle_cli, report, status_cli

@@ -137,15 +137,30 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """Write the best checkpoint (or a top-K ensemble, or ``--id`` entries) to ``--out``."""
-    from leaderboard.export import export_policy, resolve_entry
+    """Write the best checkpoint (or a top-K ensemble, or ``--id`` entries) to ``--out``,
+    as a policy file or, with ``--format``, an ONNX / TorchScript graph."""
+    from leaderboard.deploy import choose_members, export_deployable, max_difference
+    from leaderboard.export import export_policy, policy_from_store, resolve_entry
 
     top = positive(args.top, "--top")
     with open_store(store_dir(args.store, args.experiment)) as store:
-        ids = [resolve_entry(store, i, "--id").id for i in args.id or []]
-        path = export_policy(store, args.out, top=top, ids=ids or None)
-        chosen = ids or [e.id for e in store.top(top)]
-    print(f"exported {len(chosen)} member(s) to {path}: {', '.join(i[:12] for i in chosen)}")
+        entries = ([resolve_entry(store, i, "--id") for i in args.id] if args.id
+                   else store.top(top))
+        chosen, note = choose_members(entries, keep_weak=args.keep_weak or bool(args.id))
+        ids = [e.id for e in chosen]
+        checked = ""
+        if args.format == "policy":
+            path = export_policy(store, args.out, top=top, ids=ids or None)
+        else:
+            policy = policy_from_store(store, ids)
+            path = export_deployable(policy, args.out, args.format)
+            diff = max_difference(policy, path, args.format)
+            checked = ("; not run (pip install onnxruntime to check it)" if diff is None
+                       else f"; its actions differ from the policy's by at most {diff:.2g}")
+    if note:
+        print(note)
+    print(f"exported {len(ids)} member(s) to {path} ({args.format}): "
+          f"{', '.join(i[:12] for i in ids)}{checked}")
     return 0
 
 
@@ -223,6 +238,11 @@ def add_commands(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]
     p.add_argument("--id", action="append", metavar="ID",
                    help="export this checkpoint (repeat for an ensemble; prefixes are fine)")
     p.add_argument("--out", required=True, help="file to write")
+    p.add_argument("--format", choices=("policy", "onnx", "torchscript"), default="policy",
+                   help="policy: Podracer's file (default); onnx / torchscript: a graph "
+                        "obs -> action for deployment, normalisation included")
+    p.add_argument("--keep-weak", action="store_true",
+                   help="with --top: keep members far below the best (left out by default)")
     add_common(p)
     p.set_defaults(func=cmd_export)
 

@@ -124,7 +124,7 @@ async def _embedded(settings: Settings, monitor: Monitor, wiring: Wiring,
         return asyncio.create_task(_guarded(main(contexts[role])))
 
     for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # (podracer.api)
             loop.add_signal_handler(signum, on_signal)
     async with wiring.connect(experiment=settings.experiment.name) as transport:
         watcher = asyncio.create_task(monitor.follow(transport))
@@ -171,7 +171,7 @@ async def _processes(settings: Settings, monitor: Monitor, out: Path,
         wake.set()
 
     for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # (podracer.api)
             loop.add_signal_handler(signum, on_signal, signum)
     async with connector(settings.broker)(experiment=settings.experiment.name) as transport:
         watcher = asyncio.create_task(monitor.follow(transport))

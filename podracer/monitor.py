@@ -23,6 +23,7 @@ from broker.core.experiment import Experiment
 from broker.core.extras import importable
 from broker.core.schemas import Heartbeat, LeaderboardChanged, Message, Metrics, Stop
 from broker.transports.base import Transport
+from podracer import console
 
 log = logging.getLogger(__name__)
 
@@ -121,26 +122,34 @@ class Monitor:
         table = Table.grid(padding=(0, 2))
         table.add_column(style="bold")
         table.add_column()
-        best = "-" if self.best_score is None else f"{self.best_score:,.1f}"
+        elapsed = time.monotonic() - self.started
         target = self.experiment.target_score
-        table.add_row("elapsed", f"{time.monotonic() - self.started:,.0f} s")
-        table.add_row("best", best + ("" if target is None else f"  (target {target:g})"))
-        table.add_row("checkpoints", f"{self.checkpoints}")
+        remaining = console.left(self.experiment, elapsed, self.total_env_steps)
+        table.add_row("elapsed", console.duration(elapsed)
+                      + (f"  ({remaining}; budget {console.budget(self.experiment.total_budget)})"
+                         if remaining else ""))
+        table.add_row("best", console.score(self.best_score)
+                      + ("" if target is None else f"  (target {target:g})"))
+        table.add_row("checkpoints", f"{self.checkpoints:,}")
         table.add_row("pods", f"{self.pods_alive()}")
-        table.add_row("env steps/s", f"{self.env_steps_per_s():,.0f}")
+        table.add_row("env steps", f"{self.total_env_steps:,} "
+                      f"({self.env_steps_per_s():,.0f}/s)")
         for rank, (checkpoint, score) in enumerate(self.top, 1):
-            table.add_row(f"top {rank}", f"{score:,.1f}  {checkpoint[:8]}")
+            table.add_row(f"top {rank}", f"{console.score(score)}  {checkpoint[:8]}")
         return Panel(table, title=f"podracer: {self.experiment.name} on {self.experiment.env}",
                      expand=False)
 
     def line(self) -> str:
-        """The progress line: elapsed, best, checkpoints, pods, env-steps/s."""
-        best = "-" if self.best_score is None else f"{self.best_score:.1f}"
+        """The progress line: elapsed, what is left, best, checkpoints, pods, env steps."""
+        elapsed = time.monotonic() - self.started
         target = self.experiment.target_score
-        return (f"[{time.monotonic() - self.started:6.1f}s] best {best}"
+        remaining = console.left(self.experiment, elapsed, self.total_env_steps)
+        return (f"[{console.duration(elapsed)}{f', {remaining}' if remaining else ''}] "
+                f"best {console.score(self.best_score)}"
                 f"{'' if target is None else f' (target {target:g})'} | "
-                f"{self.checkpoints} checkpoints | {self.pods_alive()} pods | "
-                f"{self.env_steps_per_s():,.0f} env-steps/s")
+                f"{console.plural(self.checkpoints, 'checkpoint')} | "
+                f"{console.plural(self.pods_alive(), 'pod')} | "
+                f"{self.total_env_steps:,} env steps, {self.env_steps_per_s():,.0f}/s")
 
     async def follow(self, transport: Transport) -> None:
         """Observe every event of the experiment until cancelled."""

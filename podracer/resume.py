@@ -20,6 +20,7 @@ from pathlib import Path
 from broker.core.experiment import Experiment, TotalBudget
 from leaderboard.store import LeaderboardStore, Spent, spent
 from orchestrator.policy import StopCondition
+from podracer import console
 from podracer.monitor import Monitor
 
 
@@ -47,9 +48,10 @@ def time_left(experiment: Experiment, done: Spent) -> Experiment:
 
 def describe(experiment: Experiment, done: Spent) -> str:
     """The line that says what a resumed run carries on from."""
-    return (f"resuming {experiment.name}: {done.checkpoints} checkpoints, generation "
-            f"{done.generation}, best {done.best.score_mean if done.best else None}, "
-            f"{done.seconds:.0f} s and {done.env_steps} env steps spent")
+    return (f"resuming {experiment.name}: {console.plural(done.checkpoints, 'checkpoint')}, "
+            f"generation {done.generation}, best "
+            f"{console.score(done.best.score_mean if done.best else None)}, "
+            f"{console.duration(done.seconds)} and {done.env_steps:,} env steps spent")
 
 
 def continue_monitor(monitor: Monitor, done: Spent) -> None:

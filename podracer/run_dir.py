@@ -18,6 +18,7 @@ from typing import Any
 
 from broker.core.errors import ConfigError
 from leaderboard.store import DB_NAME, LeaderboardStore
+from podracer.outcome import NO_CHECKPOINT, stored_nothing
 
 RUN_FILE = "run.json"
 """One record per session of a run: started, ended, state, stop reason."""
@@ -90,6 +91,8 @@ class Sessions:
         ``failed``)."""
         state = ("interrupted" if interrupted or stop in (None, INTERRUPTED)
                  else "finished" if exit_code == 0 else "failed")
+        if exit_code == 0 and not interrupted and stored_nothing(self.out):
+            state = NO_CHECKPOINT  # a run that trained nothing did not succeed
         self.record.update(ended=time.time(), state=state, stop=stop, exit_code=exit_code)
         _write_sessions(self.out, [*self.earlier, self.record])
         return state

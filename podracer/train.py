@@ -27,10 +27,11 @@ from broker.core.settings import Settings, write_experiment
 from broker.transports.base import redact
 from leaderboard.selection import SelectionRegistry
 from orchestrator.probes import machine_pods
-from podracer import modes, run_dir
+from podracer import console, modes, run_dir
 from podracer import resume as resuming
 from podracer.modes import DEFAULT_QUEUE_EXPIRY_S
 from podracer.monitor import Monitor
+from podracer.outcome import NO_CHECKPOINT, charts_text
 from podracer.report import write_report
 from podracer.resume import already_done, time_left
 from podracer.run_dir import EXPERIMENT_FILE, has_run, read_sessions
@@ -65,8 +66,8 @@ def fit_to_machine(settings: Settings) -> Settings:
 
 
 def _budget_text(budget: Budget) -> str:
-    parts = ([f"{budget.seconds:g} s"] if budget.seconds is not None else []) + (
-        [f"{budget.steps} steps"] if budget.steps is not None else [])
+    parts = ([console.duration(budget.seconds)] if budget.seconds is not None else []) + (
+        [f"{budget.steps:,} env steps"] if budget.steps is not None else [])
     return " or ".join(parts)
 
 
@@ -103,10 +104,11 @@ def train(settings: Settings, out: Path, *, progress: bool = True,
     session_settings = dataclasses.replace(
         settings, experiment=time_left(exp, done) if done is not None else exp)
     where = "embedded" if embedded else redact(settings.broker)
-    print(f"podracer: training {', '.join(exp.algos)} on {exp.env} with {exp.pods} pods "
-          f"({where}); {settings.torch_threads} torch thread(s) per pod; rounds of "
-          f"{_budget_text(exp.round_budget)}; target {exp.target_score}; writing {out}",
-          flush=True)
+    print(f"podracer: training {', '.join(exp.algos)} on {exp.env} with "
+          f"{console.plural(exp.pods, 'pod')} ({where}); "
+          f"{console.plural(settings.torch_threads or 1, 'torch thread')} per pod; rounds of "
+          f"{_budget_text(exp.round_budget)}; budget {console.budget(exp.total_budget)}; "
+          f"{console.target(exp)}; writing {out}", flush=True)
     sessions = run_dir.Sessions(out)
     sessions.open(where)
     monitor = Monitor(exp, out / "tb", echo=progress)
@@ -121,6 +123,8 @@ def train(settings: Settings, out: Path, *, progress: bool = True,
         monitor.close()
         state = sessions.close(interrupted=session.interrupted, stop=monitor.stop_reason,
                                exit_code=code)
+        if state == NO_CHECKPOINT:
+            code = 1
     # 4. the report
     return _report(out, sessions, monitor, code, state, started)
 
@@ -133,10 +137,11 @@ def _report(out: Path, sessions: run_dir.Sessions, monitor: Monitor, code: int, 
                            target=monitor.experiment.target_score)
     result = TrainResult(code, summary.best_score, summary.checkpoints, seconds,
                          monitor.stop_reason)
-    print(f"podracer: {'done' if code == 0 else 'FAILED'} in {seconds:.1f}s: "
-          f"{result.checkpoints} checkpoints, best {result.best_score}, "
-          f"stop: {result.stop_reason or 'n/a'}; charts {out / 'tournament.png'} and "
-          f"{out / 'throughput.png'}"
+    ended = "FAILED" if code else "interrupted" if state == "interrupted" else "done"
+    print(f"podracer: {ended} after {console.duration(seconds)}: "
+          f"{console.plural(result.checkpoints, 'checkpoint')}, best "
+          f"{console.score(result.best_score)}, {resuming.spent_in(out).env_steps:,} env steps; "
+          f"stop: {result.stop_reason or state}; {charts_text(summary.charts)}"
           + (f"; go on with `podracer train --resume {out}`" if state == "interrupted" else ""),
           flush=True)
     return result

@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import multiprocessing
 import multiprocessing.connection
+import signal
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -218,6 +219,13 @@ def _serve(conn: multiprocessing.connection.Connection, stop: Any,
            registry: AlgorithmRegistry, config: RunnerConfig,
            make_env: Callable[[str, int, torch.device], VecEnv]) -> None:
     """The worker process: run each job received on ``conn`` until ``None`` arrives."""
+    # Ctrl-C reaches every process of the terminal's group; the pod owning this worker
+    # decides how the round ends (it sets ``stop``: the round is cut short, evaluated and
+    # published), so the child must not die of it. SIGINT came blocked from
+    # ``ProcessWorker.start`` (a Ctrl-C during start-up stays pending); ignored, then
+    # unblocked, a pending one is dropped.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     runner = RoundRunner(registry, config, make_env)
@@ -275,7 +283,13 @@ class ProcessWorker:
         parent, child = self._mp.Pipe()
         self._proc = self._mp.Process(target=_serve, args=(child, self._stop, *self._args),
                                       daemon=True, name="podracer-round-worker")
-        self._proc.start()
+        # the child inherits this thread's signal mask across exec: with SIGINT blocked,
+        # a Ctrl-C during its imports waits for ``_serve``, which ignores it
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            self._proc.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         child.close()
         self._conn = parent
 

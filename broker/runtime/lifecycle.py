@@ -37,7 +37,7 @@ import logging
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -294,7 +294,8 @@ class BrokerAdmin(SyncClient):
 
     def _passive(self, name: str) -> QueueStats | None:
         try:
-            ok = self._call(lambda ch: ch.queue_declare(name, passive=True), what=name)
+            with _expected_not_found():
+                ok = self._call(lambda ch: ch.queue_declare(name, passive=True), what=name)
         except NotDeclared:
             return None
         return QueueStats(name, int(ok.method.message_count), int(ok.method.consumer_count))
@@ -320,3 +321,23 @@ class BrokerAdmin(SyncClient):
     def _delete_exchange(self, name: str, *, if_unused: bool) -> None:
         with contextlib.suppress(NotDeclared, InUse):
             self._call(lambda ch: ch.exchange_delete(name, if_unused=if_unused), what=name)
+
+
+class _DropNotFound(logging.Filter):
+    """Drops pika's warning about a channel the broker closed with 404 (NOT_FOUND)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(getattr(arg, "reply_code", arg) == _NOT_FOUND
+                       for arg in (record.args if isinstance(record.args, tuple) else ()))
+
+
+@contextlib.contextmanager
+def _expected_not_found() -> Iterator[None]:
+    """A passive declare asks whether a queue exists: its 404 is an answer, not a warning
+    (``podracer train`` used to print two pika WARNING lines before its header)."""
+    logger, dropper = logging.getLogger("pika.channel"), _DropNotFound()
+    logger.addFilter(dropper)
+    try:
+        yield
+    finally:
+        logger.removeFilter(dropper)
