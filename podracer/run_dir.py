@@ -92,7 +92,7 @@ class Sessions:
         state = ("interrupted" if interrupted or stop in (None, INTERRUPTED)
                  else "finished" if exit_code == 0 else "failed")
         if exit_code == 0 and not interrupted and stored_nothing(self.out):
-            state = NO_CHECKPOINT  # a run that trained nothing did not succeed
+            state, exit_code = NO_CHECKPOINT, 1  # a run that trained nothing did not succeed
         self.record.update(ended=time.time(), state=state, stop=stop, exit_code=exit_code)
         _write_sessions(self.out, [*self.earlier, self.record])
         return state

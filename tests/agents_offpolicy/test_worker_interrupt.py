@@ -9,6 +9,7 @@ import signal
 
 import pytest
 
+from agents.build import resolve
 from agents.pod.runner import ProcessWorker, RoundJob, RunnerConfig
 from agents.registry import default_registry
 from broker.core.schemas import Budget
@@ -16,9 +17,9 @@ from envs.registry import make_env
 
 pytestmark = pytest.mark.timeout(120)
 
-JOB = RoundJob(algorithm="ppo", env="torch/Pendulum-v1", seed=0, budget=Budget(steps=64),
-               hparams={"num_envs": 4, "rollout_steps": 8, "num_minibatches": 2,
-                        "update_epochs": 1, "hidden_size": 8})
+JOB = RoundJob(resolved=resolve(default_registry(), "ppo", {
+    "num_envs": 4, "rollout_steps": 8, "num_minibatches": 2, "update_epochs": 1,
+    "hidden_size": 8}), env="torch/Pendulum-v1", seed=0, budget=Budget(steps=64))
 
 
 def test_sigint_does_not_kill_the_round_worker() -> None:

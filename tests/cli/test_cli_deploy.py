@@ -14,7 +14,6 @@ import numpy as np
 import onnxruntime
 import pytest
 import torch
-from cli_store import ROWS, build_store
 
 from agents.build import build_agent, resolve_config
 from agents.registry import default_registry
@@ -23,6 +22,7 @@ from leaderboard.deploy import export_onnx, export_torchscript
 from leaderboard.export import Policy, PolicyMember, policy_from_store
 from leaderboard.store import LeaderboardStore
 from podracer.cli import main
+from tests.cli.cli_store import ROWS, build_store
 
 pytestmark = pytest.mark.timeout(120)
 TOLERANCE = 1e-5

@@ -19,7 +19,8 @@ from broker.core.experiment import TotalBudget
 from broker.core.settings import Settings, default_experiment, write_experiment
 from podracer.cli import main
 from podracer.outcome import NO_CHECKPOINT
-from podracer.train import RUN_FILE, train
+from podracer.run_dir import RUN_FILE
+from podracer.train import train
 
 pytestmark = pytest.mark.timeout(60)
 
