@@ -5,9 +5,10 @@ For every ``Checkpoint`` on the ``updater`` queue it
 1. validates it beyond its schema: the env is this experiment's, the algorithm is in
    its mix, every tensor of ``state`` has the name, shape and dtype that the algorithm
    builds for these hyperparameters, and every floating tensor is finite;
-2. optionally re-evaluates it with its own evaluator (``--reevaluate``), otherwise it
-   trusts the pod's score;
-3. stores it (``LeaderboardStore.insert``: blob, then the SQLite row; idempotent by id)
+2. checks its claims and stores it (``leaderboard.claims``: only rounds the generator
+   issued, once; a would-be best or target is re-evaluated with the updater's own
+   evaluator first, every checkpoint with ``--reevaluate``; ``LeaderboardStore.insert``:
+   blob, then the SQLite row; idempotent by id)
    and prunes the blobs the retention policy no longer keeps (``LeaderboardStore.prune``);
 4. acks only after that commit;
 5. publishes ``leaderboard.changed`` with the top-K, the number of checkpoints and the
@@ -27,7 +28,6 @@ down it returns what it holds and exits.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Mapping
@@ -55,6 +55,7 @@ from broker.transports.base import Delivery, Transport
 from broker.transports.connect import Connector
 from envs.base import VecEnv
 from envs.registry import make_env
+from leaderboard.claims import ClaimCheck
 from leaderboard.store import LeaderboardStore, Retention
 
 log = logging.getLogger(__name__)
@@ -163,9 +164,11 @@ class Updater:
         self.validator = CheckpointValidator(registry, self.experiment.env)
         self.retention = Retention(top_k=max(self.experiment.top_k, Retention.top_k))
         """Whose state blobs stay on disk (``LeaderboardStore.prune``)."""
+        self.claims = ClaimCheck(store, self.experiment, self._measure,
+                                 reevaluate_all=reevaluate)
         self.stored = 0
 
-    def _reevaluated(self, checkpoint: Checkpoint) -> Checkpoint:
+    def _measure(self, checkpoint: Checkpoint) -> tuple[float, float]:
         agent = self.validator.agent(checkpoint.algorithm, checkpoint.hparams, checkpoint.state)
         eval_env = make_env(checkpoint.env, self.experiment.eval_episodes, "cpu")
         try:
@@ -173,7 +176,7 @@ class Updater:
                               self.experiment.eval_episodes)
         finally:
             eval_env.close()
-        return dataclasses.replace(checkpoint, score_mean=result.mean, score_std=result.std)
+        return result.mean, result.std
 
     def _accept(self, checkpoint: Checkpoint) -> tuple[bool, LeaderboardChanged | None]:
         if checkpoint.algorithm not in self.experiment.algos:
@@ -181,9 +184,7 @@ class Updater:
             raise ConfigError("algorithm", f"{checkpoint.algorithm[:100]!r} is not in this "
                               f"experiment's mix ({', '.join(sorted(self.experiment.algos))})")
         self.validator.check(checkpoint)
-        if self.reevaluate:
-            checkpoint = self._reevaluated(checkpoint)
-        inserted = self.store.insert(checkpoint)
+        inserted = self.claims.admit(checkpoint)
         if not inserted.new:
             return False, None
         try:
