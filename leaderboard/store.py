@@ -48,6 +48,7 @@ import torch
 from broker.core import codec
 from broker.core.blobstore import BlobRef, FileBlobStore
 from broker.core.errors import BlobError, ConfigError, PodracerError, SchemaError
+from broker.core.fields import MAX_COUNT
 from broker.core.schemas import Checkpoint, Scalar
 from leaderboard.retention import Pruned, Retention, prune
 from leaderboard.spent import Spent, spent
@@ -361,9 +362,10 @@ class LeaderboardStore:
 
         ``TOTAL`` sums in floating point, so no stored value can make it overflow (SUM
         of two 2**62 raised "integer overflow" for every later accept); each row is
-        bounded at decode (``broker.core.fields.MAX_COUNT``), negatives count as 0."""
+        bounded at decode, negatives count as 0, and the total is capped at
+        ``MAX_COUNT`` (any budget is spent long before)."""
         total = self.query("SELECT TOTAL(MAX(env_steps, 0)) FROM checkpoints")[0][0]
-        return int(min(float(total), float(2**63 - 1)))
+        return min(int(total), MAX_COUNT)  # what leaderboard.changed may carry
 
     def lineage(self, checkpoint_id: str) -> list[Entry]:
         """The entry and its ancestors, newest first; stops at a missing parent or a cycle."""

@@ -21,7 +21,8 @@ def test_floors_put_the_services_above_what_they_share(tmp_path: Path) -> None:
     # a planted upward import is found, with its file and line
     for package in ALLOWED:
         (tmp_path / package.replace(".", "/")).mkdir(parents=True, exist_ok=True)
-    (tmp_path / "broker" / "core" / "bad.py").write_text("import os\nfrom podracer.cli import main\n")
+    (tmp_path / "broker" / "core" / "bad.py").write_text(
+        "import os\nfrom podracer.cli import main\n")
     # an algorithm may not reach the pod service or a transport
     (tmp_path / "agents" / "sac.py").write_text("from agents.pod.runner import run\n"
                                                 "from broker.transports import amqp\n")
