@@ -267,7 +267,8 @@ def _from_wire(data: Any, expect: type[T] | None, experiment: str | None) -> T:
                           f"known: {sorted(KINDS)}")
     version = data.get("schema")
     if version != SCHEMA_VERSION:
-        raise SchemaError(f"schema: unsupported version {ascii(version)[:32]} of {kind} "
+        shown = repr(version)[:32].encode("unicode_escape").decode("ascii")  # one line
+        raise SchemaError(f"schema: unsupported version {shown} of {kind} "
                           f"(this build reads {SCHEMA_VERSION})")
     if expect is not None and cls is not expect:
         raise SchemaError(f"kind: expected {getattr(expect, 'KIND', expect)}, got {kind}")

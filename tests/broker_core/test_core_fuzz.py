@@ -23,7 +23,12 @@ from hypothesis import strategies as st
 
 import broker.core.codec as codec
 from broker.core.errors import DecodeError, MessageError
-from broker.core.messages import CONTENT_TYPE, decode_message, encode_message
+from broker.core.messages import (
+    CLAIM_CONTENT_TYPE,
+    CONTENT_TYPE,
+    decode_message,
+    encode_message,
+)
 from broker.core.schemas import (
     Budget,
     Checkpoint,
@@ -166,6 +171,33 @@ def test_fuzz_every_message_kind(kind: str, spy: AllocationSpy) -> None:
     @given(seed=SEEDS)
     def fuzz(seed: int) -> None:
         decode_only_message_errors(body_of(kind, seed), spy)
+
+    fuzz()
+
+
+def claim_body(seed: int) -> bytes:
+    """A claim-check body whose fields are valid or hostile."""
+    rng = random.Random(seed)
+    claim: dict[str, Any] = {"uri": "blob:sha256:" + "ab" * 32, "sha256": "ab" * 32, "size": 1}
+    wire: dict[str, Any] = {"claim": claim, "kind": "checkpoint", "id": "c",
+                            "experiment": EXP, "schema": 1}
+    for target in (claim, wire):
+        for name in rng.sample(sorted(target), rng.randrange(0, 3)):
+            target[name] = hostile_value(rng)
+    body: bytes = msgpack.packb(wire, use_bin_type=True)
+    return body
+
+
+def test_fuzz_claim_checks(spy: AllocationSpy) -> None:
+    @FUZZ
+    @given(seed=SEEDS)
+    def fuzz(seed: int) -> None:
+        body = claim_body(seed)
+        try:
+            decode_message(body, CLAIM_CONTENT_TYPE, blobs=None, expect=Checkpoint,
+                           experiment=EXP)
+        except MessageError as exc:
+            assert str(exc) and "\n" not in str(exc)
 
     fuzz()
 

@@ -76,12 +76,15 @@ def _disk(root: Path) -> int:
     return sum(p.stat().st_size for p in (root / "blobs").rglob("*") if p.is_file())
 
 
-def test_disk_use_stays_flat_over_a_thousand_checkpoints(tmp_path: Path) -> None:
+def test_disk_use_stays_flat_over_a_thousand_checkpoints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """1,000 synthetic checkpoints through the updater's accept path (validate, store,
     prune); lineages continue recent checkpoints, scores wander. Blob bytes never
     exceed what the retention policy can keep (its top-k, their ancestors to a depth,
     the last N: at most 104 blobs), whatever the number of checkpoints; the level seen
     after each hundred is printed (it wanders within that bound as lineages overlap)."""
+    from issued import issue_for, trust_scores
     from reliability_states import ppo_checkpoint, ppo_state
 
     from agents.registry import default_registry
@@ -99,6 +102,7 @@ def test_disk_use_stays_flat_over_a_thousand_checkpoints(tmp_path: Path) -> None
     ids: list[str] = []
     levels: dict[int, int] = {}
     blob_size = 0
+    trust_scores(monkeypatch)  # about disk use; claims: tests/leaderboard/test_claims.py
     with LeaderboardStore(tmp_path) as store:
         updater = Updater(ctx, None, store, default_registry())  # type: ignore[arg-type]
         for n in range(1, 1001):
@@ -106,6 +110,7 @@ def test_disk_use_stays_flat_over_a_thousand_checkpoints(tmp_path: Path) -> None
             parent = rng.choice(ids[-20:]) if ids and rng.random() < 0.9 else None
             checkpoint = ppo_checkpoint("disk", env, ppo, score=rng.gauss(-500 + n / 5, 50),
                                         state=state, parent_id=parent)
+            issue_for(store, checkpoint)
             assert updater._accept(checkpoint)[0]
             ids.append(checkpoint.id)
             blob_size = max(blob_size, store.get(checkpoint.id).blob.size)  # type: ignore[union-attr]
