@@ -11,6 +11,12 @@ algorithm, hyperparameters and state: loading decodes data, it never runs code f
 the file. The agents are built on ``make_env(env, num_envs of the member's config)``
 for the spaces, exactly as a pod builds them, so a state that does not fit is caught.
 
+A file is not a command, as a message is not one to a pod: an env name imports modules
+(``gym/<module>:<id>``) and opens files (``stock/<path>``), so ``load_policy`` builds on
+the file's own env only when it does neither (``policy_env_refusal``); otherwise the
+caller names the env it trusts (``env=``; the CLI's ``--env``, or ``backtest --csv``),
+and the file's env is never built.
+
 An ensemble ``Policy`` averages continuous actions (then clips them to the action
 space) and takes a majority vote for discrete ones; a tie goes to the action of the
 best-ranked member among those tied.
@@ -22,6 +28,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -285,15 +292,43 @@ def build_policy(env: str, members: Sequence[tuple[PolicyMember, Mapping[str, to
                   observation_space)
 
 
+def policy_env_refusal(env: str) -> str | None:
+    """Why a policy file may not have its own ``env`` built (``None``: it may)."""
+    if re.fullmatch(r"[!-~]{1,512}", env) is None:
+        return f"{env[:100]!a} is not a plain env name"
+    prefix, _, target = env.partition("/")
+    if prefix == "stock":
+        return f"{env[:200]!r} would open the file {target.partition('?')[0][:200]!r}"
+    if prefix == "gym" and ":" in target:
+        return f"{env[:200]!r} would import the module {target.partition(':')[0][:100]!r}"
+    return None
+
+
+def policy_env(path: str | Path) -> str:
+    """The env name a policy file was exported for (read, not built)."""
+    env: str = _read(Path(path))["env"]
+    return env
+
+
 def load_policy(path: str | Path, device: str | torch.device = "cpu",
-                registry: AlgorithmRegistry | None = None) -> Policy:
-    """Read a file written by ``export_policy``; ``ConfigError`` names what is wrong."""
+                registry: AlgorithmRegistry | None = None, *, env: str | None = None) -> Policy:
+    """Read a file written by ``export_policy``; ``ConfigError`` names what is wrong.
+
+    ``env`` is the env to build the policy on, the caller's choice (module doc); without
+    it the file's env is built only if that imports no module and opens no file."""
     document = _read(Path(path))
     raw_members = document.get("members")
     if not isinstance(raw_members, list) or not raw_members:
         raise ConfigError("members", "missing or empty", "re-export the policy")
     members = [_member(raw, i) for i, raw in enumerate(raw_members)]
-    return build_policy(document["env"], members, device, registry)
+    if env is None:
+        refusal = policy_env_refusal(document["env"])
+        if refusal is not None:
+            raise ConfigError("env", f"the policy file names {refusal}; a file does not "
+                              "choose what to import or open",
+                              "name the env you trust: env=... (CLI: --env, or backtest --csv)")
+        env = document["env"]
+    return build_policy(env, members, device, registry)
 
 
 def policy_from_store(store: LeaderboardStore, ids: Sequence[str],

@@ -48,6 +48,7 @@ from broker.runtime.control import sleep_or_stop, watch_stop
 from broker.runtime.service import ServiceContext
 from broker.transports.base import Transport
 from broker.transports.connect import Connector
+from leaderboard.claims import record_issued
 from leaderboard.mutation import fresh_hparams, mutate_hparams
 from leaderboard.population import Plan, Planner, PopulationConfig
 from leaderboard.selection import SelectionRegistry
@@ -98,6 +99,8 @@ class InitializationMaker:
         self._fresh: dict[str, int] = {}
         self._unreadable: set[str] = set()
         """Parents whose state could not be read (warned about once each)."""
+        self._planned: dict[str, Plan] = {}
+        """Plans made, not yet published (``published`` counts them in flight)."""
 
     def set_pods(self, pods: int) -> None:
         """Follow the number of pods (lineages per algorithm, when derived)."""
@@ -122,8 +125,16 @@ class InitializationMaker:
             plan = dataclasses.replace(plan, parent=None, mutate=False,
                                        reason=f"parent {plan.parent.id} unreadable")
             init = self._build(plan)
-        self.planner.issued(init.id, plan)
+        record_issued(self.store, init)  # before the publish: its checkpoint will find it
+        self._planned = {init.id: plan}
         return init
+
+    def published(self, init: Initialization) -> None:
+        """Count ``init`` in flight once its publish is confirmed (a failed publish left a
+        phantom round for ``lost_after_s``: no new round for the pod that waits)."""
+        plan = self._planned.pop(init.id, None)
+        if plan is not None:
+            self.planner.issued(init.id, plan)
 
     def _build(self, plan: Plan) -> Initialization:
         exp = self.experiment
@@ -185,6 +196,7 @@ async def keep_stocked(ctx: ServiceContext[Settings], transport: Transport,
                         and not ctx.stopping.is_set():
                     init = await asyncio.to_thread(maker.make)
                     await transport.publish("generator", init)
+                    maker.published(init)
                     published += 1
                     log.info("queued %s: %s, generation %d, parent %s", init.id[:8],
                              init.algorithm, init.generation, (init.parent_id or "fresh")[:8])

@@ -16,12 +16,16 @@ returns):
 * ``synchronous=FULL`` makes a returned ``insert`` survive power loss, so re-opening the
   store after a crash loses and duplicates nothing.
 
+Claims (schema 2): ``score_mean`` is the score the ranking uses; when the updater
+measured it itself (``leaderboard.claims``: a would-be best is re-evaluated before it
+counts) ``reevaluated`` is 1 and ``score_claimed`` keeps what the pod claimed. The
+``issued`` table lists every initialization the generator published (written before
+the publish), so the updater stores checkpoints only of rounds that were issued. A
+store of schema 1 is migrated in place when opened (columns added, old rows count as
+not re-evaluated).
+
 Retention (``prune``, called by the updater after each new checkpoint): every row is
-kept (the index of all that was accepted, lineages included), but only the blobs of
-the top-k, of the last N stored, and of the top-k's ancestors up to a depth stay on
-disk (``Retention``); the rest are deleted, so disk use stays flat however long a run
-is. A pruned entry's state is gone: ``load_state`` raises ``BlobError`` for it (the
-generator then starts a fresh lineage instead).
+kept, only some blobs (``leaderboard.retention``).
 
 Concurrency: one writer and any number of readers, in this process (each thread gets its
 own connection) or in others (a CLI reading while the updater writes; WAL lets readers
@@ -46,16 +50,21 @@ import torch
 from broker.core import codec
 from broker.core.blobstore import BlobRef, FileBlobStore
 from broker.core.errors import BlobError, ConfigError, PodracerError, SchemaError
+from broker.core.fields import MAX_COUNT
 from broker.core.schemas import Checkpoint, Scalar
+from leaderboard.retention import Pruned, Retention, prune
+from leaderboard.spent import Spent, spent
+
+__all__ = ["Pruned", "Retention", "Spent", "spent"]  # re-exported: callers import them here
 
 log = logging.getLogger(__name__)
 
 DB_NAME = "leaderboard.sqlite"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _COLUMNS = ("id", "parent_id", "experiment", "init_id", "pod", "algorithm", "env", "hparams",
             "score_mean", "score_std", "env_steps", "wall_time", "generation", "created",
-            "curve", "blob_sha256", "blob_size", "stored")
+            "curve", "blob_sha256", "blob_size", "stored", "score_claimed", "reevaluated")
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS checkpoints (
@@ -76,12 +85,30 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     curve TEXT NOT NULL,
     blob_sha256 TEXT NOT NULL,
     blob_size INTEGER NOT NULL,
-    stored REAL NOT NULL
+    stored REAL NOT NULL,
+    score_claimed REAL,
+    reevaluated INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS checkpoints_rank ON checkpoints (score_mean DESC, created, id);
 CREATE INDEX IF NOT EXISTS checkpoints_algo_rank
     ON checkpoints (algorithm, score_mean DESC, created, id);
+CREATE TABLE IF NOT EXISTS issued (
+    init_id TEXT PRIMARY KEY,
+    algorithm TEXT NOT NULL,
+    env TEXT NOT NULL,
+    hparams TEXT NOT NULL,
+    parent_id TEXT,
+    generation INTEGER NOT NULL,
+    budget_steps INTEGER,
+    budget_seconds REAL,
+    issued REAL NOT NULL
+);
 """
+
+_MIGRATE_1_TO_2 = (
+    "ALTER TABLE checkpoints ADD COLUMN score_claimed REAL",
+    "ALTER TABLE checkpoints ADD COLUMN reevaluated INTEGER NOT NULL DEFAULT 0",
+)
 
 _ORDER = "ORDER BY score_mean DESC, created ASC, id ASC"
 
@@ -122,6 +149,10 @@ class Entry:
     curve: list[tuple[float, float, int]] = dataclasses.field(default_factory=list)
     stored: float = 0.0
     """When this store accepted it."""
+    score_claimed: float | None = None
+    """The score the pod claimed, when the updater measured ``score_mean`` itself."""
+    reevaluated: bool = False
+    """``score_mean`` was measured by the updater (see ``leaderboard.claims``)."""
 
 
 class Inserted(NamedTuple):
@@ -141,28 +172,8 @@ def _entry(row: sqlite3.Row) -> Entry:
         blob=BlobRef.of(row["blob_sha256"], row["blob_size"]),
         curve=[(float(a), float(b), int(c)) for a, b, c in json.loads(row["curve"])],
         stored=row["stored"],
+        score_claimed=row["score_claimed"], reevaluated=bool(row["reevaluated"]),
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class Retention:
-    """Which checkpoints keep their state blob on disk (every row is kept)."""
-
-    top_k: int = 8
-    """The best this many (the leaderboard the generator and exports read)."""
-    last: int = 64
-    """The most recently stored this many (the lineages that pods continue)."""
-    lineage_depth: int = 4
-    """Ancestors of each top-k entry kept too, this many generations back (the whole
-    lineage would make disk grow with the run; its rows stay regardless)."""
-
-
-@dataclasses.dataclass
-class Pruned:
-    """What one ``prune`` deleted."""
-
-    blobs: int = 0
-    bytes: int = 0
 
 
 class LeaderboardStore:
@@ -185,7 +196,7 @@ class LeaderboardStore:
         self._conns_lock = threading.Lock()  # guards _conns (close() may run on any thread)
         self._conns: list[sqlite3.Connection] = []
         self._closed = False
-        self._pruned: set[str] = set()
+        self.pruned_blobs: set[str] = set()
         """Blobs this store deleted already (each row is looked at once)."""
         with self._lock, _translated("open"):
             conn = self._conn()
@@ -193,6 +204,10 @@ class LeaderboardStore:
             if version > SCHEMA_VERSION:
                 raise ConfigError("leaderboard", f"{self.path} has schema {version}, this "
                                   f"build reads {SCHEMA_VERSION}", "upgrade Podracer")
+            if version == 1:
+                for statement in _MIGRATE_1_TO_2:
+                    conn.execute(statement)
+                log.info("%s: migrated the leaderboard from schema 1 to 2", self.path)
             conn.executescript(_DDL)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
@@ -234,10 +249,16 @@ class LeaderboardStore:
 
     # ------------------------------------------------------------------ writing
 
-    def insert(self, checkpoint: Checkpoint) -> Inserted:
-        """Store ``checkpoint`` durably; a replay of a stored id changes nothing."""
+    def insert(self, checkpoint: Checkpoint, *, claimed: float | None = None,
+               replace: bool = False) -> Inserted:
+        """Store ``checkpoint`` durably; a replay of a stored id changes nothing.
+
+        ``claimed`` is the pod's score when ``checkpoint.score_mean`` was measured by the
+        updater; ``replace`` overwrites the row of the same id (a rival result of the
+        same round that measured better: ``leaderboard.claims``).
+        """
         existing = self.get(checkpoint.id)
-        if existing is not None:
+        if existing is not None and not replace:
             log.info("checkpoint %s already stored; replay ignored", checkpoint.id)
             return Inserted(existing, False)
         ref = checkpoint.state_ref
@@ -259,8 +280,11 @@ class LeaderboardStore:
             "generation": checkpoint.generation, "created": float(checkpoint.created),
             "curve": json.dumps([list(p) for p in checkpoint.curve], allow_nan=False),
             "blob_sha256": ref.sha256, "blob_size": ref.size, "stored": time.time(),
+            "score_claimed": checkpoint.score_mean if claimed is None else float(claimed),
+            "reevaluated": int(claimed is not None),
         }
-        sql = (f"INSERT OR IGNORE INTO checkpoints ({', '.join(_COLUMNS)}) "
+        verb = "INSERT OR REPLACE" if replace else "INSERT OR IGNORE"
+        sql = (f"{verb} INTO checkpoints ({', '.join(_COLUMNS)}) "
                f"VALUES ({', '.join(':' + c for c in _COLUMNS)})")
         with self._lock, _translated("insert"):
             conn = self._conn()
@@ -273,47 +297,42 @@ class LeaderboardStore:
                 raise
         entry = self.get(checkpoint.id)
         assert entry is not None, "a committed row must be readable"
+        if existing is not None and existing.blob.sha256 != ref.sha256 and not self.query(
+                "SELECT 1 FROM checkpoints WHERE blob_sha256 = ?", (existing.blob.sha256,)):
+            self.blobs.delete(existing.blob.sha256)  # the replaced result's state
         if added:
             log.debug("stored checkpoint %s (%s, score %.4g)", entry.id, entry.algorithm,
                       entry.score_mean)
         return Inserted(entry, added)
 
     def prune(self, retention: Retention) -> Pruned:
-        """Delete the blobs that ``retention`` does not keep (see the module doc)."""
-        rows = self._query("SELECT id, parent_id, blob_sha256 FROM checkpoints "
-                           "ORDER BY stored DESC, rowid DESC")
-        parent = {r["id"]: r["parent_id"] for r in rows}
-        keep = {r["id"] for r in rows[:retention.last]}
-        for top in self._query(f"SELECT id FROM checkpoints {_ORDER} LIMIT ?",
-                               (retention.top_k,)):
-            node: str | None = top["id"]
-            for _ in range(retention.lineage_depth + 1):
-                if node is None or node not in parent:
-                    break
-                keep.add(node)
-                node = parent[node]
-        kept_blobs = {r["blob_sha256"] for r in rows if r["id"] in keep}
-        pruned = Pruned()
-        for row in rows:
-            sha = row["blob_sha256"]
-            if sha in kept_blobs or sha in self._pruned:
-                continue
-            self._pruned.add(sha)
-            pruned.blobs += 1
-            pruned.bytes += self.blobs.delete(sha)
-        if pruned.blobs:
-            log.debug("retention: %d blobs pruned (%d bytes)", pruned.blobs, pruned.bytes)
-        return pruned
+        """Delete the blobs that ``retention`` does not keep (``leaderboard.retention``)."""
+        return prune(self, retention)
 
     # ------------------------------------------------------------------ reading
 
-    def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+    def query(self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()
+              ) -> list[sqlite3.Row]:
+        """Rows of a read-only ``sql`` (for the modules that own a part of the schema)."""
         with _translated("read"):
             return self._conn().execute(sql, params).fetchall()
 
+    def write(self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> int:
+        """Run one writing statement in its own durable transaction; rows changed."""
+        with self._lock, _translated("write"):
+            conn = self._conn()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                changed = conn.execute(sql, params).rowcount
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return int(changed)
+
     def get(self, checkpoint_id: str) -> Entry | None:
         """The entry with this id, or ``None``."""
-        rows = self._query("SELECT * FROM checkpoints WHERE id = ?", (checkpoint_id,))
+        rows = self.query("SELECT * FROM checkpoints WHERE id = ?", (checkpoint_id,))
         return _entry(rows[0]) if rows else None
 
     def top(self, k: int, algorithm: str | None = None) -> list[Entry]:
@@ -325,15 +344,15 @@ class LeaderboardStore:
         if k < 1:
             raise ConfigError("top_k", f"must be >= 1, got {k}")
         if algorithm is None:
-            rows = self._query(f"SELECT * FROM checkpoints {_ORDER} LIMIT ?", (k,))
+            rows = self.query(f"SELECT * FROM checkpoints {_ORDER} LIMIT ?", (k,))
         else:
-            rows = self._query(f"SELECT * FROM checkpoints WHERE algorithm = ? {_ORDER} LIMIT ?",
+            rows = self.query(f"SELECT * FROM checkpoints WHERE algorithm = ? {_ORDER} LIMIT ?",
                                (algorithm, k))
         return [_entry(r) for r in rows]
 
     def entries(self) -> list[Entry]:
         """Every stored entry, in the order the store accepted them."""
-        return [_entry(r) for r in self._query("SELECT * FROM checkpoints ORDER BY stored, rowid")]
+        return [_entry(r) for r in self.query("SELECT * FROM checkpoints ORDER BY stored, rowid")]
 
     def best(self) -> Entry | None:
         """The best entry, or ``None`` while the store is empty."""
@@ -342,11 +361,17 @@ class LeaderboardStore:
 
     def count(self) -> int:
         """How many checkpoints are stored."""
-        return int(self._query("SELECT COUNT(*) FROM checkpoints")[0][0])
+        return int(self.query("SELECT COUNT(*) FROM checkpoints")[0][0])
 
     def total_env_steps(self) -> int:
-        """Env steps summed over every stored checkpoint (for the experiment's budget)."""
-        return int(self._query("SELECT COALESCE(SUM(env_steps), 0) FROM checkpoints")[0][0])
+        """Env steps summed over every stored checkpoint (for the experiment's budget).
+
+        ``TOTAL`` sums in floating point, so no stored value can make it overflow (SUM
+        of two 2**62 raised "integer overflow" for every later accept); each row is
+        bounded at decode, negatives count as 0, and the total is capped at
+        ``MAX_COUNT`` (any budget is spent long before)."""
+        total = self.query("SELECT TOTAL(MAX(env_steps, 0)) FROM checkpoints")[0][0]
+        return min(int(total), MAX_COUNT)  # what leaderboard.changed may carry
 
     def lineage(self, checkpoint_id: str) -> list[Entry]:
         """The entry and its ancestors, newest first; stops at a missing parent or a cycle."""
@@ -370,44 +395,3 @@ class LeaderboardStore:
             raise BlobError(f"blob {entry.blob.sha256[:12]}... of checkpoint {entry.id} "
                             f"is not a map of tensors")
         return obj
-
-
-# ---------------------------------------------------------------- what a run has spent
-
-
-@dataclasses.dataclass(frozen=True)
-class Spent:
-    """What the stored checkpoints of a run add up to (``spent``): what a resumed run
-    carries on from."""
-
-    checkpoints: int
-    env_steps: int
-    """Env steps summed over every checkpoint (the env-step budget counts these)."""
-    seconds: float
-    """Wall seconds during which at least one stored round was training (the union of
-    the rounds' ``[created - wall_time, created]`` intervals): time between two sessions
-    of a resumed run is not counted."""
-    best: Entry | None
-    generation: int
-    """The highest generation stored (0 while empty)."""
-    started: float | None
-    """Epoch seconds when the first stored round started (None while empty)."""
-    last: float | None
-    """Epoch seconds when the last stored round ended (None while empty)."""
-
-
-def spent(store: LeaderboardStore) -> Spent:
-    """What ``store`` has spent so far (see ``Spent``); read-only."""
-    rows = store._query("SELECT created - wall_time AS start, created AS stop, generation "
-                        "FROM checkpoints ORDER BY start")
-    seconds, reach = 0.0, float("-inf")
-    for row in rows:
-        start, stop = float(row["start"]), float(row["stop"])
-        if stop > reach:
-            seconds += stop - max(start, reach)
-            reach = stop
-    return Spent(checkpoints=len(rows), env_steps=store.total_env_steps(), seconds=seconds,
-                 best=store.best(),
-                 generation=max((int(r["generation"]) for r in rows), default=0),
-                 started=float(rows[0]["start"]) if rows else None,
-                 last=reach if rows else None)

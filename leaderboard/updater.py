@@ -6,9 +6,10 @@ For every ``Checkpoint`` on the ``updater`` queue it
    its mix, its hyperparameters resolve (once), every tensor of ``state`` has the name,
    shape and dtype of the checkpoint contract (``leaderboard.contract``: derived from the
    experiment's recorded spaces, no env built), and every floating tensor is finite;
-2. optionally re-evaluates it with its own evaluator (``--reevaluate``), otherwise it
-   trusts the pod's score;
-3. stores it (``LeaderboardStore.insert``: blob, then the SQLite row; idempotent by id)
+2. checks its claims and stores it (``leaderboard.claims``: only rounds the generator
+   issued, once; a would-be best or target is re-evaluated with the updater's own
+   evaluator first, every checkpoint with ``--reevaluate``; ``LeaderboardStore.insert``:
+   blob, then the SQLite row; idempotent by id)
    and prunes the blobs the retention policy no longer keeps (``LeaderboardStore.prune``);
 4. acks only after that commit;
 5. publishes ``leaderboard.changed`` with the top-K, the number of checkpoints and the
@@ -62,6 +63,7 @@ from broker.transports.connect import Connector
 from envs.base import VecEnv
 from envs.registry import make_env
 from envs.spaces import spaces_of
+from leaderboard.claims import ClaimCheck
 from leaderboard.contract import StateContract
 from leaderboard.store import LeaderboardStore, Retention
 
@@ -147,6 +149,8 @@ class Updater:
                                              self.experiment.spaces)
         self.retention = Retention(top_k=max(self.experiment.top_k, Retention.top_k))
         """Whose state blobs stay on disk (``LeaderboardStore.prune``)."""
+        self.claims = ClaimCheck(store, self.experiment, self._measure,
+                                 reevaluate_all=reevaluate)
         self.stored = 0
         self.health = Health(ctx.name, "checkpoints", STORE_BACKOFF)
         """Down (with its reason) after a fault of this node: no checkpoints until a probe."""
@@ -155,7 +159,9 @@ class Updater:
         """The heartbeat's status: why this node takes no checkpoints, if it does not."""
         return "running" if self.health.down is None else f"unavailable: {self.health.down}"[:200]
 
-    def _reevaluated(self, checkpoint: Checkpoint, resolved: Resolved) -> Checkpoint:
+    def _measure(self, checkpoint: Checkpoint) -> tuple[float, float]:
+        """The updater's own score of ``checkpoint`` (only for candidates: see claims)."""
+        resolved = self.validator.resolve(checkpoint)
         eval_env = make_validation_env(checkpoint.env, self.experiment.eval_episodes)
         try:
             agent = resolved.build(eval_env.single_observation_space,
@@ -166,17 +172,15 @@ class Updater:
                               self.experiment.eval_episodes)
         finally:
             eval_env.close()
-        return dataclasses.replace(checkpoint, score_mean=result.mean, score_std=result.std)
+        return result.mean, result.std
 
     def _accept(self, checkpoint: Checkpoint) -> tuple[bool, LeaderboardChanged | None]:
         if checkpoint.algorithm not in self.experiment.algos:
             # ranked, it would become a parent whose rounds no pod may build
             raise ConfigError("algorithm", f"{checkpoint.algorithm[:100]!r} is not in this "
                               f"experiment's mix ({', '.join(sorted(self.experiment.algos))})")
-        resolved = self.validator.check(checkpoint)
-        if self.reevaluate:
-            checkpoint = self._reevaluated(checkpoint, resolved)
-        inserted = self.store.insert(checkpoint)
+        self.validator.check(checkpoint)
+        inserted = self.claims.admit(checkpoint)
         if not inserted.new:
             return False, None
         try:

@@ -35,11 +35,12 @@ def train(env: str | None = None, algos: Any = None, budget: str | None = None,
     return run(env, algos, budget, target, **options)
 
 
-def load_policy(path: str | Path, device: str = "cpu") -> Policy:
-    """Load a file written by ``podracer export`` (see ``leaderboard.export.load_policy``)."""
+def load_policy(path: str | Path, device: str = "cpu", *, env: str | None = None) -> Policy:
+    """Load a file written by ``podracer export`` (see ``leaderboard.export.load_policy``:
+    a file whose env would import a module or open a file needs ``env``)."""
     from leaderboard.export import load_policy as load
 
-    return load(path, device)
+    return load(path, device, env=env)
 
 
 def export(policy: Policy, path: str | Path, format: str = "onnx") -> Path:

@@ -58,7 +58,7 @@ def _market_of(args: argparse.Namespace, env_name: str, device: str) -> Market:
 
 def cmd_backtest(args: argparse.Namespace) -> int:
     """Backtest a policy file, a store's top-k ensemble or every snapshot of a store."""
-    from leaderboard.export import load_policy, policy_from_store
+    from leaderboard.export import load_policy, policy_env, policy_from_store
     from podracer.backtest_snapshots import cmd_snapshots
     from podracer.inspect_cli import open_store
 
@@ -75,7 +75,11 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     if args.snapshots and not args.store:
         raise ConfigError("--snapshots", "needs --store", "pass --store runs/<exp>")
     if args.path:
-        policy = load_policy(args.path, device)
+        trained_on = policy_env(args.path)
+        # the file's CSV is not opened on its say-so: --csv names the operator's
+        env = (f"stock/{args.csv}?{trained_on.partition('?')[2]}"
+               if args.csv and trained_on.startswith("stock/") else None)
+        policy = load_policy(args.path, device, env=env)
         label = f"policy {Path(args.path).name}"
         out_dir = Path(args.path).parent
         env_name = policy.env

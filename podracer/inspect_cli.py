@@ -176,7 +176,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         raise ConfigError("PATH", "give either a policy file or --store/--id, not both",
                           "drop PATH or --store/--id")
     if args.path:
-        policy = load_policy(args.path, device)
+        policy = load_policy(args.path, device, env=args.env)
     elif args.store or args.id or args.experiment:
         with open_store(store_dir(args.store, args.experiment)) as store:
             policy = policy_from_store(store, [args.id] if args.id else [], device)

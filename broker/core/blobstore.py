@@ -64,7 +64,8 @@ class BlobRef:
             raise BlobError(f"uri: expected {URI_PREFIX}<sha256> matching sha256, got "
                             f"{self.uri[:100]!r}")
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 0:
-            raise BlobError(f"size: expected a non-negative integer, got {self.size!r}")
+            shown = self.size if isinstance(self.size, int) else type(self.size).__name__
+            raise BlobError(f"size: expected a non-negative integer, got {shown!r}")
 
     @classmethod
     def of(cls, sha256: str, size: int) -> BlobRef:

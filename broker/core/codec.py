@@ -13,9 +13,12 @@ lists), str, bin, int, float, bool, nil.
 
 Decoding treats the bytes as hostile. msgpack length limits are bounded by the
 input size, so a claimed length can never allocate more than the input; a tensor
-header is checked in full (dtype code, ndim <= 8, dims >= 0, element count times
-item size equal to the payload) before any tensor exists. Every failure is a
-``DecodeError`` with a one-line reason. Nothing is ever pickled.
+header is checked in full (dtype code, ndim <= 8, 0 <= each dim <= ``MAX_DIM``, the
+product of the non-zero dims <= ``MAX_ELEMENTS`` even when one dim is zero, element
+count times item size equal to the payload) before any tensor exists. Every failure is
+a ``DecodeError`` with a one-line reason: whatever else a library raises inside
+decoding (torch, msgpack, a recursion limit) is translated too, so the decoder is
+total. Nothing is ever pickled.
 
 Zero copy: the C unpacker hands each ext payload to us as a fresh ``bytes`` object
 that nothing else references, and the decoded tensor is a ``torch.frombuffer`` view
@@ -43,6 +46,11 @@ from broker.core.errors import DecodeError
 
 TENSOR_EXT: Final = 1
 MAX_NDIM: Final = 8
+MAX_DIM: Final = 2**31 - 1
+"""Largest single dimension a received tensor may have."""
+MAX_ELEMENTS: Final = 2**40
+"""Largest element count a received tensor may claim, even with zero bytes: torch
+computes strides from the shape, and ``[0, 2**62, 2**62]`` overflows them."""
 
 # Codes are part of the wire format: never renumber, only append.
 _DTYPES: Final[dict[int, torch.dtype]] = {
@@ -168,14 +176,25 @@ def unpack(data: bytes | bytearray | memoryview) -> Any:
         )
     except DecodeError:
         raise
+    except MemoryError:
+        raise  # this node's fault, not the message's: allocations are bounded by its size
+    except RecursionError:
+        raise DecodeError("msgpack: nested too deeply") from None
     except msgpack.ExtraData:
         raise DecodeError("msgpack: extra bytes after the message") from None
     except msgpack.OutOfData:
         raise DecodeError("msgpack: truncated input") from None
-    except (ValueError, TypeError, msgpack.UnpackException) as e:
-        # FormatError, StackError, UnicodeDecodeError, limit violations, bad keys...
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise DecodeError(f"msgpack: {reason}") from None
+    except Exception as e:  # total: any other failure in here is the bytes' fault
+        # FormatError, StackError, UnicodeDecodeError, limit violations, bad keys, and
+        # whatever torch raises on a header that passed our checks (there should be
+        # none, but a receive loop must never die on a message).
+        raise DecodeError(f"msgpack: {_one_line(e)}") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    """``exc`` as a short single line (its text may come from the hostile input)."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return ascii(text[:200])[1:-1]
 
 
 def _str_keyed_map(pairs: list[tuple[Any, Any]]) -> dict[str, Any]:
@@ -213,6 +232,11 @@ def decode_tensor(payload: bytes | memoryview) -> torch.Tensor:
     shape = struct.unpack_from(f"<{ndim}q", payload, _HEAD.size)
     if any(dim < 0 for dim in shape):
         raise DecodeError(f"tensor: negative dimension in shape {list(shape)}")
+    if any(dim > MAX_DIM for dim in shape):
+        raise DecodeError(f"tensor: dimension above {MAX_DIM} in shape {list(shape)}")
+    if math.prod(dim for dim in shape if dim) > MAX_ELEMENTS:
+        raise DecodeError(f"tensor: shape {list(shape)} claims more than {MAX_ELEMENTS} "
+                          f"elements")
     itemsize = _ITEMSIZE[code]
     expected = math.prod(shape) * itemsize  # Python ints: no overflow on hostile dims
     raw = memoryview(payload)[start:]

@@ -24,7 +24,8 @@ from broker.core.toml_table import Table
 Check = Callable[["Experiment"], None]
 """Validates an experiment against the program's registries; raises ``ConfigError``."""
 
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# fullmatch, not match with ``$``: ``$`` also matches before a trailing newline.
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,7 +332,7 @@ def parse_experiment(data: Mapping[str, Any], check: Check | None = None) -> Exp
     ``leaderboard.checks.experiment_check``)."""
     top = Table(dict(data), "")
     name = top.string("name")
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise ConfigError("name", f"{name!r} is not a valid experiment name",
                           "use 1-64 letters, digits, '_' or '-' (it namespaces broker names)")
     algos = _algos(top.table("algos"))

@@ -194,9 +194,10 @@ def _check_claimed(data: dict[str, Any], *, expect: type[Message] | None,
     """Cheap checks before a blob is read: a message for the wrong queue or experiment is
     refused unread."""
     if expect is not None and data.get("kind") != expect.KIND:
-        raise SchemaError(f"kind: expected {expect.KIND}, claim is for {data.get('kind')!r}")
+        raise SchemaError(f"kind: expected {expect.KIND}, claim is for "
+                          f"{str(data.get('kind'))[:64]!r}")
     if experiment is not None and data.get("experiment") != experiment:
-        raise SchemaError(f"experiment: claim is for {data.get('experiment')!r}, "
+        raise SchemaError(f"experiment: claim is for {str(data.get('experiment'))[:64]!r}, "
                           f"this service serves {experiment!r}")
 
 
@@ -208,6 +209,6 @@ def _fetch_claim(
     ref = BlobRef.from_wire(data.get("claim"))
     _check_claimed(data, expect=expect, experiment=experiment)
     if blobs is None:
-        raise BlobError(f"claim: message {data.get('id')!r} is claim-checked as {ref.uri} "
-                          f"but this service has no blob store configured")
+        raise BlobError(f"claim: message {str(data.get('id'))[:64]!r} is claim-checked as "
+                        f"{ref.uri} but this service has no blob store configured")
     return blobs.get(ref)

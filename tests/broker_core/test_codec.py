@@ -206,8 +206,12 @@ def test_unknown_dtype_code_raises(code: int) -> None:
         ([-1], b"", "negative"),
         ([2, -3], bytes(24), "negative"),
         ([3], bytes(8), "needs 12 bytes"),
-        ([2**40, 2**40], bytes(8), "needs"),
-        ([2**62, 4], bytes(4), "needs"),
+        ([2**40, 2**40], bytes(8), "dimension above"),
+        ([2**62, 4], bytes(4), "dimension above"),
+        ([2**20, 2**20, 2], bytes(8), "more than"),
+        # zero elements, but torch's strides of these dims overflow int64
+        ([0, 2**62, 2**62], b"", "dimension above"),
+        ([0, 2**31 - 1, 2**31 - 1, 2**31 - 1], b"", "more than"),
         ([1] * (MAX_NDIM + 1), bytes(4), "ndim"),
     ],
 )

@@ -109,9 +109,42 @@ def _tensor_cases(wire: dict[str, Any]) -> list[tuple[str, Any]]:
         ("terabyte-tensor-some-bytes", {"w": tensor_ext(3, terabytes, bytes(4096))}),
         ("negative-dim", {"w": tensor_ext(3, [-1, 4], bytes(16))}),
         ("int64-overflowing-dims", {"w": tensor_ext(3, [2**62, 2**62, 2**62])}),
+        # zero bytes needed and given, but torch's stride computation overflows
+        ("zero-size-overflowing-strides", {"w": tensor_ext(3, [0, 2**62, 2**62])}),
+        ("zero-size-huge-dims", {"w": tensor_ext(3, [0, 2**31 - 1, 2**31 - 1, 2**31 - 1])}),
         ("ndim-255", {"w": tensor_ext(3, [], ndim=255)}),
         ("dtype-mismatch-bytes", {"w": tensor_ext(4, [3], bytes(12))}),  # f64 needs 24
     ]
+
+
+def _metadata_cases(wire: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Values in range for msgpack that no honest sender produces (issue 22, item 2)."""
+    cases = [("created-far-future", _with(wire, created=1e300)),
+             ("created-negative", _with(wire, created=-1.0)),
+             ("experiment-trailing-newline", _with(wire, experiment=wire["experiment"] + "\n"))]
+    if "hparams" in wire:
+        cases += [("hparam-key-forges-log-lines", _with(wire, hparams={"lr\nERROR forged": 1})),
+                  ("hparam-key-of-a-megabyte", _with(wire, hparams={"k" * (1 << 20): 1})),
+                  ("hparam-value-forges-log-lines", _with(wire, hparams={"act": "x\nERROR"})),
+                  ("hparams-too-many", _with(wire, hparams={f"k{i}": i for i in range(2000)})),
+                  ("generation-negative", _with(wire, generation=-1)),
+                  ("generation-huge", _with(wire, generation=2**62))]
+    if wire["kind"] == "checkpoint":
+        cases += [("env-steps-2-62", _with(wire, env_steps=2**62)),
+                  ("env-steps-negative", _with(wire, env_steps=-5)),
+                  ("wall-time-negative", _with(wire, wall_time=-1.0)),
+                  ("wall-time-huge", _with(wire, wall_time=1e300)),
+                  ("score-1e308", _with(wire, score_mean=1e308)),
+                  ("curve-negative-steps", _with(wire, curve=[[1.0, 0.0, -3]])),
+                  ("tensor-name-forges-log-lines",
+                   _with(wire, state={**wire["state"], "w\nERROR": tensor_ext(3, [1], bytes(4))}))]
+    if wire["kind"] == "stop":
+        cases += [("reason-forges-log-lines", _with(wire, reason="x\nERROR forged")),
+                  ("reason-of-a-megabyte", _with(wire, reason="r" * (1 << 20)))]
+    if wire["kind"] == "leaderboard_changed":
+        cases += [("best-score-1e308", _with(wire, best_score=1e308)),
+                  ("total-env-steps-negative", _with(wire, total_env_steps=-1))]
+    return cases
 
 
 def _score_cases(wire: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -213,7 +246,7 @@ def hostile_bodies(wire: dict[str, Any], other_kind: str, blobs: FileBlobStore,
     ]
     for name, state in _tensor_cases(wire):
         cases.append(Case(name, packb(_with(wire, state=state))))
-    for name, data in _score_cases(wire):
+    for name, data in _score_cases(wire) + _metadata_cases(wire):
         cases.append(Case(name, packb(data)))
     return cases
 

@@ -23,7 +23,14 @@ import torch
 from agents.build import build_agent
 from agents.pod import service as pod_service
 from agents.registry import default_registry
-from broker.core.schemas import Budget, Checkpoint, Initialization, LeaderboardChanged, Stop
+from broker.core.schemas import (
+    Budget,
+    Checkpoint,
+    Initialization,
+    LeaderboardChanged,
+    Stop,
+    new_id,
+)
 from broker.core.settings import Settings, default_experiment
 from broker.runtime.service import ServiceContext
 from broker.transports.connect import Connector, connector
@@ -41,6 +48,7 @@ from tests.hostile.hostile_cases import (
     wire_of,
 )
 from tests.hostile.hostile_rig import Rig, make_rig
+from tests.issued import issue_for
 
 pytestmark = pytest.mark.timeout(180)
 ENV = "torch/Pendulum-v1"
@@ -92,12 +100,18 @@ def init(experiment: str, **changes: Any) -> Initialization:
     return Initialization(**{**fields, **changes})
 
 
+HONEST = -5000.0
+"""A claim below anything a PPO agent measures on Pendulum (about -1800 at worst)."""
+
+
 def checkpoint(experiment: str, state: dict[str, torch.Tensor], **changes: Any) -> Checkpoint:
-    """A valid PPO checkpoint for ``ENV``, with ``changes``."""
+    """A valid PPO checkpoint for ``ENV`` of a round of its own, with ``changes`` (record
+    its round with ``issue_for`` for the updater to store it)."""
+    round_id = new_id()
     fields: dict[str, Any] = {
-        "experiment": experiment, "init_id": "init-1", "pod": "pod-h", "algorithm": "ppo",
-        "env": ENV, "hparams": dict(PPO), "state": state, "score_mean": -300.0,
-        "score_std": 1.0, "env_steps": 64, "wall_time": 1.0}
+        "experiment": experiment, "id": round_id, "init_id": round_id, "pod": "pod-h",
+        "algorithm": "ppo", "env": ENV, "hparams": dict(PPO), "state": state,
+        "score_mean": HONEST, "score_std": 1.0, "env_steps": 64, "wall_time": 1.0}
     return Checkpoint(**{**fields, **changes})
 
 
@@ -201,6 +215,7 @@ async def test_updater_survives_hostile_checkpoints_and_stores_replays_once(
             for bad in unusable:
                 await rig.transport.publish("updater", bad)
             good = checkpoint(exp, state)
+            issue_for(services.settings.store, good)
             for _ in range(3):  # the same checkpoint id, replayed
                 await rig.transport.publish("updater", good)
             changed = await alive_until(anext(events), task)
@@ -302,6 +317,8 @@ async def test_updater_refuses_an_algorithm_outside_the_experiments_mix(
         env.close()
     foreign = checkpoint(exp, agent.state_dict(), algorithm="sac", hparams=sac)
     good = checkpoint(exp, ppo_state())
+    for issued in (foreign, good):
+        issue_for(services.settings.store, issued)
     with caplog.at_level(logging.WARNING):
         async with rig.transport.subscribe(["leaderboard.changed"]) as events:
             ctx, task = services.start(updater_service.main, "updater-f")

@@ -64,6 +64,8 @@ def test_defaults_of_a_minimal_file() -> None:
     (with_(explore_p=1.5), r"explore_p: must be in \[0.0, 1.0\]"),
     (with_(target_score=float("nan")), r"target_score: expected a finite number"),
     (with_(name="bad name!"), r"name: 'bad name!' is not a valid experiment name"),
+    # ``$`` matched before a trailing newline: the name namespaces broker names
+    (with_(name="ok\n"), r"name: 'ok\\n' is not a valid experiment name"),
     ({k: v for k, v in MINIMAL.items() if k != "env"}, r"env: required"),
     (with_(popsize=3), r"popsize: unknown key in experiment \(known keys: algos, .*top_k"),
     (with_(selection={"name": "best"}), r"selection\.name: unknown strategy"),

@@ -9,7 +9,7 @@ import torch
 
 from agents.build import build_agent
 from agents.registry import default_registry
-from broker.core.schemas import Checkpoint
+from broker.core.schemas import Checkpoint, new_id
 from envs.registry import make_env
 
 
@@ -27,9 +27,12 @@ def ppo_state(env: str, hparams: Mapping[str, Any]) -> dict[str, torch.Tensor]:
 def ppo_checkpoint(experiment: str, env: str, hparams: Mapping[str, Any], *,
                    score: float, state: dict[str, torch.Tensor] | None = None,
                    **changes: Any) -> Checkpoint:
-    """A valid PPO checkpoint of ``experiment`` (a fresh state unless given)."""
+    """A valid PPO checkpoint of ``experiment`` (a fresh state unless given), the result
+    of a round of its own (``issue_for`` records it as issued, for the updater)."""
+    round_id = new_id()
     fields: dict[str, Any] = {
-        "experiment": experiment, "init_id": "init-1", "pod": "pod-t", "algorithm": "ppo",
+        "experiment": experiment, "id": round_id, "init_id": round_id, "pod": "pod-t",
+        "algorithm": "ppo",
         "env": env, "hparams": dict(hparams), "score_mean": score, "score_std": 1.0,
         "env_steps": 64, "wall_time": 1.0,
         "state": state if state is not None else ppo_state(env, hparams)}

@@ -170,11 +170,15 @@ def test_store_faults_are_not_message_faults(tmp_path: Path,
 async def test_updater_waits_out_a_full_disk_without_burning_deliveries(
     bed: Bed, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
+    from tests.issued import issue_for, trust_scores
     from tests.reliability.reliability_states import ppo_checkpoint
 
     monkeypatch.setattr(updater_service, "STORE_BACKOFF", FAST)
+    trust_scores(monkeypatch)
     exp = bed.settings.experiment.name
     checkpoints = [ppo_checkpoint(exp, ENV, PPO, score=-100.0 - i) for i in range(4)]
+    for checkpoint in checkpoints:
+        issue_for(bed.settings.store, checkpoint)
     faults = Faults(monkeypatch, failures=30)  # more than a quorum queue's delivery limit
     async with bed.transport.subscribe(["leaderboard.changed"]) as events:
         ctx, task = bed.start(updater_service.main, "updater-t")
@@ -370,15 +374,18 @@ async def test_updater_waits_for_an_unmounted_store_instead_of_crashing(
     amqp_url: str, experiment: str, tmp_path: Path, wire: Callable[..., Any],
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
+    from tests.issued import issue_for, trust_scores
     from tests.reliability.reliability_states import ppo_checkpoint
 
     monkeypatch.setattr(updater_service, "STORE_BACKOFF", FAST)
+    trust_scores(monkeypatch)
     shared, mount = tmp_path / "shared", tmp_path / "mount"
     async for bed in bed_for(amqp_url, None, experiment, shared, wire, inline_limit=1024):
         with caplog.at_level(logging.ERROR):
             async with bed.transport.subscribe(["leaderboard.changed"]) as events:
                 ctx, task = bed.start(updater_service.main, "updater-mount", store=mount)
                 checkpoint = ppo_checkpoint(experiment, ENV, PPO, score=-100.0)
+                issue_for(mount, checkpoint)
                 await bed.transport.publish("updater", checkpoint)  # claim-checked
                 await until(lambda: any("not mounted" in r.getMessage()
                                         for r in caplog.records), task)

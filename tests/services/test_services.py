@@ -22,7 +22,14 @@ from agents.pod.continuity import ReplayCache
 from agents.pod.runner import RoundRunner, RunnerConfig, ThreadWorker
 from agents.registry import default_registry
 from broker.core.blobstore import FileBlobStore
-from broker.core.schemas import Budget, Checkpoint, Initialization, LeaderboardChanged, Stop
+from broker.core.schemas import (
+    Budget,
+    Checkpoint,
+    Initialization,
+    LeaderboardChanged,
+    Stop,
+    new_id,
+)
 from broker.core.settings import Settings, default_experiment
 from broker.runtime.service import ServiceContext
 from broker.transports.base import Transport
@@ -34,6 +41,7 @@ from leaderboard import updater as updater_service
 from leaderboard.generator import InitializationMaker
 from leaderboard.selection import default_strategies
 from leaderboard.store import LeaderboardStore
+from tests.issued import issue_for, trust_scores
 
 pytestmark = pytest.mark.timeout(120)
 ENV = "torch/Pendulum-v1"
@@ -143,15 +151,22 @@ def _checkpoint(rig: Rig, score: float, **changes: Any) -> Checkpoint:
     env = make_env(ENV, config.num_envs, "cpu")
     agent = build_agent(registry, "ppo", PPO, env, torch.device("cpu"), 0)
     env.close()
+    round_id = new_id()  # a round of its own, recorded as issued
     fields: dict[str, Any] = {
-        "experiment": rig.settings.experiment.name, "init_id": "i", "pod": "pod-t",
-        "algorithm": "ppo", "env": ENV, "hparams": dict(PPO), "state": agent.state_dict(),
-        "score_mean": score, "score_std": 1.0, "env_steps": 100, "wall_time": 1.0}
+        "experiment": rig.settings.experiment.name, "id": round_id, "init_id": round_id,
+        "pod": "pod-t", "algorithm": "ppo", "env": ENV, "hparams": dict(PPO),
+        "state": agent.state_dict(), "score_mean": score, "score_std": 1.0,
+        "env_steps": 100, "wall_time": 1.0}
     fields.update(changes)
-    return Checkpoint(**fields)
+    checkpoint = Checkpoint(**fields)
+    issue_for(rig.settings.store, checkpoint)
+    return checkpoint
 
 
-async def test_updater_stores_once_rejects_bad_and_announces(rig: Rig) -> None:
+async def test_updater_stores_once_rejects_bad_and_announces(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    trust_scores(monkeypatch)  # about storing; claims: tests/hostile/test_hostile_claims.py
     async with rig.transport.subscribe(["leaderboard.changed"]) as events:
         ctx, task = rig.service(updater_service.main, "updater")
         good = _checkpoint(rig, -500.0)
@@ -196,6 +211,7 @@ async def test_generator_keeps_one_waiting_and_seeds_children(rig: Rig) -> None:
         maker = InitializationMaker(exp, default_registry(), default_strategies(), store,
                                     random.Random(1))
         child = maker.make()
+        maker.published(child)  # in flight once its publish is confirmed
         branch = maker.make()
         blob = store.blobs.path_of(child.state_ref.sha256) if child.state_ref else None
         stored = store.get(parent.id)

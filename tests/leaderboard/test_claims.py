@@ -1,0 +1,174 @@
+"""leaderboard.claims: issued rounds only, once; would-be bests measured; rivals decided
+by measurement (issue 22, item 3). The measurement is a stand-in that reads a marker
+tensor, so each test knows what the updater would measure."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from broker.core.schemas import Budget, Checkpoint, Initialization
+from broker.core.settings import default_experiment
+from leaderboard.claims import ClaimCheck, ClaimRefused, Tolerance, issued, record_issued
+from leaderboard.store import LeaderboardStore
+
+EXP = default_experiment("torch/Pendulum-v1").with_overrides(name="claims", target_score=-100.0)
+
+
+def measured_as(score: float) -> dict[str, torch.Tensor]:
+    """A state the stand-in evaluator measures at ``score``."""
+    return {"quality": torch.tensor([score], dtype=torch.float64)}
+
+
+class Evaluator:
+    """Measures a state by its marker tensor; counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, checkpoint: Checkpoint) -> tuple[float, float]:
+        self.calls += 1
+        return float(checkpoint.state["quality"][0]), 1.0
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[LeaderboardStore]:
+    with LeaderboardStore(tmp_path) as s:
+        yield s
+
+
+def issue(store: LeaderboardStore, init_id: str, **changes: Any) -> Initialization:
+    fields: dict[str, Any] = {"id": init_id, "experiment": EXP.name, "algorithm": "ppo",
+                              "env": EXP.env, "hparams": {"lr": 3e-4, "hidden_size": 16},
+                              "budget": Budget(steps=1000), "seed": 1}
+    init = Initialization(**{**fields, **changes})
+    record_issued(store, init)
+    return init
+
+
+def result(init: Initialization, claim: float, quality: float, *, link: int = 0,
+           **changes: Any) -> Checkpoint:
+    """What an honest pod sends for ``init`` (link k > 0: an intermediate best)."""
+    fields: dict[str, Any] = {
+        "id": init.id if link == 0 else f"{init.id}.{link}", "experiment": EXP.name,
+        "init_id": init.id, "pod": "pod-1", "algorithm": init.algorithm, "env": init.env,
+        "hparams": dict(init.hparams), "state": measured_as(quality), "score_mean": claim,
+        "score_std": 1.0, "env_steps": 1000, "wall_time": 10.0,
+        "parent_id": init.parent_id, "generation": init.generation}
+    return Checkpoint(**{**fields, **changes})
+
+
+def check(store: LeaderboardStore) -> tuple[ClaimCheck, Evaluator]:
+    evaluator = Evaluator()
+    return ClaimCheck(store, EXP, evaluator), evaluator
+
+
+def test_a_forged_top_score_is_measured_and_refused_and_never_the_best(
+    store: LeaderboardStore,
+) -> None:
+    claims, evaluator = check(store)
+    honest = issue(store, "honest")
+    assert claims.admit(result(honest, -900.0, -880.0)).new
+    forged = issue(store, "forged")
+    with pytest.raises(ClaimRefused, match=r"score_mean: claimed 1e\+15, measured -1300"):
+        claims.admit(result(forged, 1e15, -1300.0))
+    best = store.best()
+    assert best is not None and best.id == "honest" and best.score_mean == -880.0
+    assert best.score_claimed == -900.0 and best.reevaluated
+    assert evaluator.calls == 2
+
+
+def test_a_claim_that_meets_the_target_is_measured_even_when_not_the_best(
+    store: LeaderboardStore,
+) -> None:
+    claims, evaluator = check(store)
+    store.insert(result(issue(store, "high"), 50.0, 50.0))  # stored before the target
+    near = issue(store, "near")
+    entry = claims.admit(result(near, -90.0, -95.0)).entry  # target -100, below the best
+    assert evaluator.calls == 1 and entry.reevaluated and entry.score_mean == -95.0
+
+
+def test_only_would_be_bests_are_measured(store: LeaderboardStore) -> None:
+    claims, evaluator = check(store)
+    claims.admit(result(issue(store, "a"), -500.0, -500.0))
+    entry = claims.admit(result(issue(store, "b"), -700.0, -2000.0)).entry
+    assert evaluator.calls == 1  # b claims less than the best: stored as claimed
+    assert not entry.reevaluated and entry.score_mean == -700.0
+    tie = claims.admit(result(issue(store, "c"), -500.0, -600.0), ).entry
+    assert evaluator.calls == 2 and tie.score_mean == -600.0  # a tie could win on `created`
+
+
+def test_a_round_that_was_never_issued_is_refused(store: LeaderboardStore) -> None:
+    claims, _ = check(store)
+    ghost = Initialization(id="ghost", experiment=EXP.name, algorithm="ppo", env=EXP.env,
+                           hparams={}, budget=Budget(steps=10), seed=0)
+    with pytest.raises(ClaimRefused, match="init_id: ghost was never issued"):
+        claims.admit(result(ghost, -2000.0, -2000.0))
+    assert store.count() == 0 and issued(store, "ghost") is None
+
+
+@pytest.mark.parametrize(("changes", "field"), [
+    ({"id": "someone-else"}, "id"),
+    ({"id": "r.0"}, "id"),
+    ({"id": "r.99999"}, "id"),
+    ({"algorithm": "sac"}, "algorithm"),
+    ({"env": "torch/CartPole-v1"}, "env"),
+    ({"hparams": {"lr": 1.0, "hidden_size": 16}}, "hparams"),
+    ({"parent_id": "a-stranger"}, "parent_id"),
+    ({"generation": 7}, "generation"),
+    ({"env_steps": 2**40}, "env_steps"),
+    ({"wall_time": 1e6}, "wall_time"),
+])
+def test_claims_the_issued_round_does_not_back_are_refused(
+    store: LeaderboardStore, changes: dict[str, Any], field: str,
+) -> None:
+    claims, _ = check(store)
+    init = issue(store, "r")
+    with pytest.raises(ClaimRefused) as refused:
+        claims.admit(result(init, -2000.0, -2000.0, **changes))
+    assert refused.value.field == field and "\n" not in str(refused.value)
+    assert store.count() == 0
+
+
+def test_a_round_chain_is_accepted_once_then_closed(store: LeaderboardStore) -> None:
+    claims, _ = check(store)
+    init = issue(store, "r", parent_id="p", generation=3)
+    first = result(init, -2000.0, -2000.0, link=1)
+    second = result(init, -1900.0, -1900.0, link=2, parent_id="r.1", generation=4)
+    last = result(init, -1800.0, -1800.0, parent_id="r.2", generation=5)
+    for cp in (first, second, last):
+        assert claims.admit(cp).new
+    assert not claims.admit(last).new  # a redelivery changes nothing
+    late = result(init, -3000.0, -3000.0, link=3, parent_id="r.2", generation=5)
+    with pytest.raises(ClaimRefused, match="round r is complete"):
+        claims.admit(late)
+    assert store.count() == 3
+
+
+def test_a_forger_cannot_pre_empt_the_real_result(store: LeaderboardStore) -> None:
+    """The forger peeked at the generator queue and answered first with an untrained
+    agent: the real pod's result still takes the row, by measurement."""
+    claims, _ = check(store)
+    init = issue(store, "r")
+    forged = result(init, -2000.0, -2000.0, pod="forger")
+    assert claims.admit(forged).new
+    real = result(init, -400.0, -410.0, pod="pod-7")
+    inserted = claims.admit(real)
+    assert inserted.new and inserted.entry.pod == "pod-7" and inserted.entry.score_mean == -410.0
+    assert store.count() == 1
+    # and a worse rival of the real result is refused with its reason
+    with pytest.raises(ClaimRefused, match="stored already from pod pod-7"):
+        claims.admit(dataclasses.replace(forged, created=forged.created + 1))
+    assert store.get("r").pod == "pod-7"  # type: ignore[union-attr]
+
+
+def test_tolerance_is_judged_on_the_measured_spread_not_the_claimed_one() -> None:
+    tolerance = Tolerance()
+    assert tolerance.slack(-1000.0, 10.0) == 250.0  # a quarter of the magnitude
+    assert tolerance.slack(0.0, 0.0) == 1.0
+    assert tolerance.slack(100.0, 50.0) == 150.0

@@ -1,0 +1,94 @@
+"""The store under hostile values (issue 22, items 2 and 6): sums that cannot overflow, a
+resume budget that clamps claimed times, schema 1 migrated in place, and retention that
+keeps each algorithm's best heads."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from broker.core.fields import MAX_COUNT
+from broker.core.schemas import Checkpoint
+from leaderboard.spent import ROUND_CAP_S
+from leaderboard.store import DB_NAME, SCHEMA_VERSION, LeaderboardStore, Retention, spent
+
+
+def checkpoint(cid: str, score: float = -100.0, **changes: Any) -> Checkpoint:
+    """A checkpoint built in-process: nothing checks its values (as a forger's would be
+    stored before item 2's decode bounds)."""
+    fields: dict[str, Any] = {
+        "id": cid, "experiment": "exp", "init_id": cid, "pod": "pod-1", "algorithm": "ppo",
+        "env": "torch/Pendulum-v1", "hparams": {"lr": 1e-3}, "state": {"w": torch.rand(4)},
+        "score_mean": score, "score_std": 1.0, "env_steps": 100, "wall_time": 5.0,
+        "created": time.time()}
+    return Checkpoint(**{**fields, **changes})
+
+
+def test_env_steps_sum_cannot_overflow(tmp_path: Path) -> None:
+    with LeaderboardStore(tmp_path) as store:
+        store.insert(checkpoint("a", env_steps=2**62))
+        store.insert(checkpoint("b", env_steps=2**62))
+        store.insert(checkpoint("c", env_steps=-(2**62)))  # negatives do not cancel
+        assert store.total_env_steps() == MAX_COUNT  # what leaderboard.changed may carry
+        assert spent(store).env_steps == MAX_COUNT
+        store.insert(checkpoint("d"))  # later accepts still work
+
+
+def test_resume_budget_clamps_claimed_times(tmp_path: Path) -> None:
+    with LeaderboardStore(tmp_path) as store:
+        store.insert(checkpoint("future", created=time.time() + 1e8, wall_time=1e7))
+        used = spent(store)
+    assert 0 < used.seconds <= ROUND_CAP_S
+    assert used.last is not None and used.last <= time.time()
+
+
+_SCHEMA_1 = """
+CREATE TABLE checkpoints (
+    id TEXT PRIMARY KEY, parent_id TEXT, experiment TEXT NOT NULL, init_id TEXT NOT NULL,
+    pod TEXT NOT NULL, algorithm TEXT NOT NULL, env TEXT NOT NULL, hparams TEXT NOT NULL,
+    score_mean REAL NOT NULL, score_std REAL NOT NULL, env_steps INTEGER NOT NULL,
+    wall_time REAL NOT NULL, generation INTEGER NOT NULL, created REAL NOT NULL,
+    curve TEXT NOT NULL, blob_sha256 TEXT NOT NULL, blob_size INTEGER NOT NULL,
+    stored REAL NOT NULL);
+INSERT INTO checkpoints VALUES ('old', NULL, 'exp', 'old', 'pod-0', 'ppo', 'torch/Pendulum-v1',
+    '{}', -300.0, 2.0, 10, 1.0, 0, 1.0, '[]', '%s', 1, 1.0);
+PRAGMA user_version = 1;
+"""
+
+
+def test_a_schema_1_store_is_migrated_in_place(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / DB_NAME)
+    conn.executescript(_SCHEMA_1 % ("ab" * 32))
+    conn.close()
+    with LeaderboardStore(tmp_path) as store:
+        old = store.get("old")
+        assert old is not None and old.score_mean == -300.0
+        assert old.score_claimed is None and not old.reevaluated
+        entry = store.insert(checkpoint("new", -50.0, score_mean=-60.0), claimed=-50.0).entry
+        assert (entry.score_mean, entry.score_claimed, entry.reevaluated) == (-60.0, -50.0, True)
+        assert [e.id for e in store.top(2)] == ["new", "old"]
+    with LeaderboardStore(tmp_path) as again:  # reopening a migrated store is a no-op
+        assert again.count() == 2
+        assert again.query("PRAGMA user_version")[0][0] == SCHEMA_VERSION == 2
+
+
+def test_retention_keeps_a_minority_algorithms_best_head(tmp_path: Path) -> None:
+    """The planner continues each algorithm's best heads; SAC's is outside the global
+    top-k and not recent, and its blob must survive (it used to restart fresh)."""
+    with LeaderboardStore(tmp_path) as store:
+        store.insert(checkpoint("sac-best", -900.0, algorithm="sac"))
+        store.insert(checkpoint("sac-worse", -950.0, algorithm="sac"))
+        for n in range(6):  # one PPO lineage, each round continuing the previous
+            store.insert(checkpoint(f"ppo-{n}", -100.0 - n,
+                                    parent_id=f"ppo-{n - 1}" if n else None))
+        store.prune(Retention(top_k=2, last=2, lineage_depth=0))
+        sac = store.get("sac-best")
+        assert sac is not None
+        assert set(store.load_state(sac)) == {"w"}  # its blob is still there
+        ppo_old = store.get("ppo-3")
+        assert ppo_old is not None and not (
+            store.root / "blobs" / ppo_old.blob.sha256[:2] / ppo_old.blob.sha256).exists()
