@@ -38,6 +38,7 @@ from broker.runtime.faults import Fault, Faulted, Verdict, judge
 from broker.transports.memory import MemoryBroker
 from envs.registry import make_env
 from leaderboard import updater as updater_service
+from tests.issued import issue_for, trust_scores
 from tests.reliability.test_transient_faults import (
     FAST,
     PPO,
@@ -238,13 +239,17 @@ def _checkpoint(experiment: str, env: str) -> Checkpoint:
         agent = build_agent(default_registry(), "ppo", PPO, venv, torch.device("cpu"), 0)
     finally:
         venv.close()
-    return Checkpoint(experiment=experiment, init_id="init-1", pod="pod-f", algorithm="ppo",
+    return Checkpoint(id="init-1", experiment=experiment, init_id="init-1", pod="pod-f",
+                      algorithm="ppo",
                       env=env, hparams=dict(PPO), state=agent.state_dict(), score_mean=-1.0,
                       score_std=0.0, env_steps=64, wall_time=1.0)
 
 
 async def _updater_survives(bed: Bed, checkpoint: Checkpoint, repair: Callable[[], None],
-                            caplog: pytest.LogCaptureFixture) -> None:
+                            caplog: pytest.LogCaptureFixture,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    issue_for(bed.settings.store, checkpoint)  # a round the generator issued
+    trust_scores(monkeypatch)  # the fault under test is the env's, not the claim's
     with caplog.at_level(logging.INFO):
         async with bed.transport.subscribe(["leaderboard.changed"]) as events:
             ctx, task = bed.start(updater_service.main, "updater-f")
@@ -272,7 +277,8 @@ async def test_updater_on_a_node_without_the_price_file_keeps_the_checkpoints(
     prices.unlink()  # gone from this node
     async for bed in bed_for("memory://", MemoryBroker(), experiment, tmp_path / "store",
                              wire, env=f"stock/{prices}"):
-        await _updater_survives(bed, checkpoint, lambda: write_prices(prices), caplog)
+        await _updater_survives(bed, checkpoint, lambda: write_prices(prices), caplog,
+                                monkeypatch)
 
 
 @pytest.mark.parametrize("case", ["MemoryError", "EMFILE", "CPU OOM"])
@@ -282,4 +288,4 @@ async def test_updater_keeps_the_checkpoints_while_its_env_cannot_be_built(
     monkeypatch.setattr(updater_service, "STORE_BACKOFF", FAST)
     checkpoint = _checkpoint(bed.settings.experiment.name, bed.settings.experiment.env)
     broken = Broken(monkeypatch, updater_service, "make_env", NODE_FAULTS[case])
-    await _updater_survives(bed, checkpoint, broken.repair, caplog)
+    await _updater_survives(bed, checkpoint, broken.repair, caplog, monkeypatch)
