@@ -23,6 +23,11 @@ from required import skip_or_fail
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 
+# Every test run shares one experiment secret (messages are authenticated, see
+# broker.core.auth); services a test starts as subprocesses inherit it.
+if not (os.environ.get("PODRACER_SECRET") or os.environ.get("PODRACER_SECRET_FILE")):
+    os.environ["PODRACER_SECRET"] = f"tests-{uuid.uuid4().hex}"
+
 
 @pytest.fixture(scope="session")
 def amqp_url() -> str:

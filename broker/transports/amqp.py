@@ -37,6 +37,10 @@ Choices worth knowing:
   clients over the cluster) and moves to the next node whenever an attempt fails or the
   connection drops (``broker.transports.amqp_failover``); every attempt is bounded by
   ``connect_timeout``.
+- Every message carries ``x-podracer-mac`` (``broker.core.auth``) and every received one
+  is checked before it is decoded: a work message that fails is dead-lettered with the
+  reason, an event dropped and counted (``event_drops``). Without a ``secret`` the
+  transport refuses to start unless ``insecure`` (then it neither signs nor checks).
 - ``amqps://`` uses TLS; ``PODRACER_TLS_CA``, ``PODRACER_TLS_CERT`` and
   ``PODRACER_TLS_KEY`` (file paths) configure the CA bundle and a client certificate
   (``broker.transports.tls``).
@@ -62,6 +66,7 @@ from aio_pika.abc import (
     AbstractRobustExchange,
 )
 
+from broker.core.auth import SECRET_FILE_ENV, MessageKey
 from broker.core.errors import ConfigError, ConnectionClosed, PublishError
 from broker.core.messages import DEFAULT_INLINE_LIMIT
 from broker.core.schemas import Message
@@ -86,7 +91,6 @@ from broker.transports.base import (
     check_queue,
     dead_letter_headers,
     describe_dead,
-    encode,
     process_id,
     process_role,
     redact,
@@ -94,6 +98,7 @@ from broker.transports.base import (
 )
 from broker.transports.tls import ssl_context_from_env
 from broker.transports.urls import amqp_addresses
+from broker.transports.wire import EventDrops, encode
 
 if TYPE_CHECKING:
     from broker.core.blobstore import BlobStore
@@ -110,8 +115,15 @@ class AmqpTransport:
         inline_limit: int = DEFAULT_INLINE_LIMIT, publish_tries: int = DEFAULT_PUBLISH_TRIES,
         backoff: float = 0.5, confirm_timeout: float = 30.0, reconnect_interval: float = 1.0,
         watch_interval: float = 1.0, cancel_grace: float = 30.0, service: str | None = None,
-        connect_timeout: float = 10.0,
+        connect_timeout: float = 10.0, secret: str | bytes | None = None,
+        insecure: bool = False,
     ) -> None:
+        if secret is None and not insecure:
+            raise ConfigError("secret", f"no secret to authenticate the messages of "
+                              f"{experiment!r} on {redact(url)}",
+                              f"set {SECRET_FILE_ENV} (or PODRACER_SECRET) to the "
+                              "experiment's secret; --insecure only on a broker that "
+                              "nobody untrusted can reach")
         if publish_tries < 1:
             raise ConfigError("publish_tries", f"must be >= 1, got {publish_tries}", "use 5")
         self._url = url
@@ -136,6 +148,10 @@ class AmqpTransport:
         self._closed = False
         self.service = service or service_label()
         """Who this is, in the ``x-podracer-service`` header of what it dead-letters."""
+        self.key = None if secret is None else MessageKey(secret, experiment)
+        """Signs what this transport sends and checks what it receives (None: insecure)."""
+        self.event_drops = EventDrops()
+        """Events dropped because they failed authentication or decoding."""
 
     @property
     def topology(self) -> Topology:
@@ -224,9 +240,11 @@ class AmqpTransport:
         await self._send(msg, exchange="events", routing_key=routing_key)
 
     async def _send(self, msg: Message, *, exchange: str | None, routing_key: str) -> None:
-        body, content_type = await encode(msg, blobs=self.blobs, inline_limit=self.inline_limit)
+        body, content_type, headers = await encode(msg, blobs=self.blobs, key=self.key,
+                                                   inline_limit=self.inline_limit)
         outgoing = aio_pika.Message(
-            body, content_type=content_type, delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            body, content_type=content_type, headers=dict(headers),
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             message_id=msg.id, type=msg.KIND, app_id="podracer",
             timestamp=datetime.datetime.fromtimestamp(msg.created, tz=datetime.timezone.utc),
         )
@@ -290,7 +308,7 @@ class AmqpTransport:
             interval=self.watch_interval, grace=self.cancel_grace))
         try:
             yield AmqpDeliveries(inbox, name, expect, self.blobs, self._topology.experiment,
-                                 self.dead_letter)
+                                 self.dead_letter, self.key)
         finally:
             self._inboxes.discard(inbox)
             watchdog.cancel()
@@ -414,7 +432,8 @@ class AmqpTransport:
             raise ConnectionClosed(f"cannot subscribe: {exc or type(exc).__name__}") from None
         self._inboxes.add(inbox)
         try:
-            yield AmqpEvents(inbox, self.blobs, self._topology.experiment)
+            yield AmqpEvents(inbox, self.blobs, self._topology.experiment, self.key,
+                             self.event_drops)
         finally:
             self._inboxes.discard(inbox)
             with suppress(*BROKER_ERRORS):

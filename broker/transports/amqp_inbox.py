@@ -8,8 +8,9 @@ decode, and hand out :class:`AmqpDelivery` objects (work queues) or messages (ev
 - Deliveries received on a channel that has since closed are dropped (the broker
   redelivers them); settling one whose channel died logs a warning instead of raising.
 - Acking a claim-checked delivery deletes its blob (a dead-lettered one keeps it).
-- Undecodable work messages are dead-lettered, undecodable events dropped, each with
-  one warning line.
+- Work messages that fail authentication (``x-podracer-mac``) or decoding are
+  dead-lettered with the reason, one warning line each; such events are dropped and
+  counted (``EventDrops``, rate-limited warnings).
 - A subscription's inbox is an :class:`EventInbox`: bounded like the server-side queue
   (``SUBSCRIBER_BACKLOG``, drop-head). Its consumer is no-ack, so the server pushes as
   fast as events come; a subscriber that reads slower than that loses its oldest events
@@ -35,9 +36,11 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, Abstrac
 from broker.core.errors import ConnectionClosed, MessageError
 from broker.core.messages import CLAIM_CONTENT_TYPE, claim_of
 from broker.core.schemas import Message
-from broker.transports.base import Delivery, decode
+from broker.transports.base import Delivery
+from broker.transports.wire import EventDrops, decode
 
 if TYPE_CHECKING:
+    from broker.core.auth import MessageKey
     from broker.core.blobstore import BlobStore
 
 log = logging.getLogger(__name__)
@@ -120,8 +123,9 @@ class AmqpDeliveries(Generic[M]):
 
     def __init__(self, inbox: asyncio.Queue[InboxItem], name: str, expect: type[M],
                  blobs: BlobStore | None, experiment: str,
-                 dead_letter: DeadLetter | None = None) -> None:
+                 dead_letter: DeadLetter | None = None, key: MessageKey | None = None) -> None:
         self._inbox = inbox
+        self._key = key
         self._dead_letter = dead_letter
         self._name = name
         self._expect = expect
@@ -142,7 +146,8 @@ class AmqpDeliveries(Generic[M]):
                 continue
             try:
                 message = await decode(raw.body, raw.content_type, blobs=self._blobs,
-                                       expect=self._expect, experiment=self._experiment)
+                                       expect=self._expect, experiment=self._experiment,
+                                       key=self._key, headers=raw.headers)
             except asyncio.CancelledError:
                 self._pending = raw  # not handed out yet: keep it for the next call
                 raise
@@ -162,10 +167,13 @@ class AmqpEvents:
     """Async iterator over a subscription; undecodable events are dropped (logged)."""
 
     def __init__(self, inbox: asyncio.Queue[InboxItem], blobs: BlobStore | None,
-                 experiment: str) -> None:
+                 experiment: str, key: MessageKey | None = None,
+                 drops: EventDrops | None = None) -> None:
         self._inbox = inbox
         self._blobs = blobs
         self._experiment = experiment
+        self._key = key
+        self._drops = drops if drops is not None else EventDrops()
 
     def __aiter__(self) -> AmqpEvents:
         return self
@@ -175,10 +183,10 @@ class AmqpEvents:
             raw = await take(self._inbox)
             try:
                 return await decode(raw.body, raw.content_type, blobs=self._blobs,
-                                    experiment=self._experiment)
+                                    experiment=self._experiment, key=self._key,
+                                    headers=raw.headers)
             except MessageError as exc:
-                log.warning("dropped event %r (%r): %s", raw.message_id or "?",
-                            raw.routing_key, exc)
+                self._drops.count(log, raw.message_id or "?", raw.routing_key, exc)
 
 
 class EventInbox(asyncio.Queue[InboxItem]):

@@ -16,114 +16,36 @@ Everything is single event loop: use one hub from one loop.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from broker.core.auth import MessageKey
 from broker.core.errors import ConnectionClosed, MessageError
 from broker.core.messages import DEFAULT_INLINE_LIMIT
 from broker.core.schemas import Message
 from broker.core.topology import DELIVERY_LIMIT, WORK_QUEUES, Topology
 from broker.transports.base import (
-    SUBSCRIBER_BACKLOG,
     DeadLetterInfo,
     Delivery,
     check_pattern,
     check_prefetch,
     check_queue,
     dead_letter_headers,
-    decode,
     describe_dead,
-    encode,
     service_label,
-    topic_matches,
 )
+from broker.transports.memory_hub import MemoryBroker, _Envelope, _Queue
+from broker.transports.wire import EventDrops, decode, encode
 
 if TYPE_CHECKING:
     from broker.core.blobstore import BlobStore
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
-
-@dataclasses.dataclass
-class _Envelope:
-    """A message as stored in a queue: wire bytes plus broker bookkeeping."""
-
-    body: bytes
-    content_type: str
-    message_id: str
-    kind: str | None = None
-    returns: int = 0  # times it came back (nack-requeue, consumer gone)
-    delivered: bool = False
-    headers: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-class _Queue:
-    """One queue of the hub: ready messages and the live consumer count."""
-
-    def __init__(self, name: str, dead: str | None) -> None:
-        self.name = name
-        self.dead = dead  # full name of the dead-letter queue, None for a dead queue
-        self.ready: deque[_Envelope] = deque()
-        self.consumers = 0
-        self.changed = asyncio.Condition()
-
-
-class MemoryBroker:
-    """The in-process hub shared by memory transports (one per test or process)."""
-
-    def __init__(self) -> None:
-        self._queues: dict[str, _Queue] = {}
-        self._subscribers: list[tuple[str, tuple[str, ...], asyncio.Queue[_Envelope | None]]] = []
-
-    def queue(self, name: str, dead: str | None = None) -> _Queue:
-        """The queue ``name`` (full name), created on first use."""
-        if name not in self._queues:
-            self._queues[name] = _Queue(name, dead)
-        return self._queues[name]
-
-    async def put(self, name: str, envelope: _Envelope, *, front: bool = False) -> None:
-        """Enqueue ``envelope`` on queue ``name`` and wake its consumers."""
-        queue = self.queue(name)
-        async with queue.changed:
-            if front:
-                queue.ready.appendleft(envelope)
-            else:
-                queue.ready.append(envelope)
-            queue.changed.notify_all()
-
-    async def dead_letter(self, queue: _Queue, envelope: _Envelope,
-                          headers: dict[str, Any]) -> None:
-        """Move ``envelope`` to the dead-letter queue of ``queue`` with ``headers`` added
-        (dropped if it has none)."""
-        if queue.dead is not None:
-            await self.put(queue.dead, _Envelope(envelope.body, envelope.content_type,
-                                                 envelope.message_id, envelope.kind,
-                                                 headers={**envelope.headers, **headers}))
-
-    def fan_out(self, exchange: str, routing_key: str, envelope: _Envelope) -> None:
-        """Deliver an event to every subscriber of ``exchange`` whose pattern matches."""
-        for bound, patterns, inbox in self._subscribers:
-            if bound == exchange and any(topic_matches(p, routing_key) for p in patterns):
-                if inbox.full():  # best effort, like x-max-length with drop-head
-                    inbox.get_nowait()
-                inbox.put_nowait(envelope)
-
-    def add_subscriber(
-        self, exchange: str, patterns: tuple[str, ...]
-    ) -> asyncio.Queue[_Envelope | None]:
-        """Register a subscriber; returns its inbox."""
-        inbox: asyncio.Queue[_Envelope | None] = asyncio.Queue(SUBSCRIBER_BACKLOG)
-        self._subscribers.append((exchange, patterns, inbox))
-        return inbox
-
-    def remove_subscriber(self, inbox: asyncio.Queue[_Envelope | None]) -> None:
-        """Forget the subscriber whose inbox is ``inbox``."""
-        self._subscribers = [s for s in self._subscribers if s[2] is not inbox]
+__all__ = ["MemoryBroker", "MemoryDelivery", "MemoryTransport", "_Envelope"]
 
 
 class MemoryDelivery(Generic[M]):
@@ -188,7 +110,8 @@ class _Consumer:
             try:
                 message = await decode(envelope.body, envelope.content_type,
                                        blobs=self.transport.blobs, expect=self.expect,
-                                       experiment=self.transport.topology.experiment)
+                                       experiment=self.transport.topology.experiment,
+                                       key=self.transport.key, headers=envelope.headers)
             except MessageError as exc:
                 log.warning("dead-lettered message %r from %s: %s",
                             envelope.message_id, self.queue.name, exc)
@@ -259,11 +182,10 @@ class _Deliveries(Generic[M]):
 class _Events:
     """Async iterator over a subscriber inbox; undecodable events are dropped (logged)."""
 
-    def __init__(self, inbox: asyncio.Queue[_Envelope | None], blobs: BlobStore | None,
-                 experiment: str) -> None:
+    def __init__(self, inbox: asyncio.Queue[_Envelope | None], transport: MemoryTransport
+                 ) -> None:
         self._inbox = inbox
-        self._blobs = blobs
-        self._experiment = experiment
+        self._transport = transport
 
     def __aiter__(self) -> _Events:
         return self
@@ -274,19 +196,25 @@ class _Events:
             if envelope is None:  # the transport closed; stay stopped
                 self._inbox.put_nowait(None)
                 raise StopAsyncIteration
+            t = self._transport
             try:
-                return await decode(envelope.body, envelope.content_type, blobs=self._blobs,
-                                    experiment=self._experiment)
+                return await decode(envelope.body, envelope.content_type, blobs=t.blobs,
+                                    experiment=t.topology.experiment, key=t.key,
+                                    headers=envelope.headers)
             except MessageError as exc:
-                log.warning("dropped event %r: %s", envelope.message_id, exc)
+                t.event_drops.count(log, envelope.message_id, envelope.kind, exc)
 
 
 class MemoryTransport:
-    """A :class:`broker.transports.base.Transport` on a :class:`MemoryBroker` hub."""
+    """A :class:`broker.transports.base.Transport` on a :class:`MemoryBroker` hub; it signs
+    and checks with ``secret`` (default: the hub's)."""
 
     def __init__(self, hub: MemoryBroker, *, experiment: str, blobs: BlobStore | None = None,
-                 inline_limit: int = DEFAULT_INLINE_LIMIT, service: str | None = None) -> None:
+                 inline_limit: int = DEFAULT_INLINE_LIMIT, service: str | None = None,
+                 secret: str | bytes | None = None) -> None:
         self.hub = hub
+        self.key = MessageKey(hub.secret if secret is None else secret, experiment)
+        self.event_drops = EventDrops()
         self.service = service or service_label()
         self.blobs = blobs
         self.inline_limit = inline_limit
@@ -323,16 +251,19 @@ class MemoryTransport:
         """Encode ``msg`` and append it to work queue ``queue``."""
         check_queue(queue, publish=True)
         self._check_open()
-        body, content_type = await encode(msg, blobs=self.blobs, inline_limit=self.inline_limit)
+        body, content_type, headers = await encode(msg, blobs=self.blobs, key=self.key,
+                                                   inline_limit=self.inline_limit)
         await self.declare()
-        await self.hub.put(self._full(queue), _Envelope(body, content_type, msg.id, msg.KIND))
+        await self.hub.put(self._full(queue), _Envelope(body, content_type, msg.id, msg.KIND,
+                                                        headers=headers))
 
     async def publish_event(self, routing_key: str, msg: Message) -> None:
         """Encode ``msg`` and fan it out to matching subscribers."""
         self._check_open()
-        body, content_type = await encode(msg, blobs=self.blobs, inline_limit=self.inline_limit)
+        body, content_type, headers = await encode(msg, blobs=self.blobs, key=self.key,
+                                                   inline_limit=self.inline_limit)
         self.hub.fan_out(self._topology.events, routing_key,
-                         _Envelope(body, content_type, msg.id))
+                         _Envelope(body, content_type, msg.id, msg.KIND, headers=headers))
 
     @asynccontextmanager
     async def consume(
@@ -365,7 +296,7 @@ class MemoryTransport:
         self._inboxes.add(inbox)
 
         try:
-            yield _Events(inbox, self.blobs, self._topology.experiment)
+            yield _Events(inbox, self)
         finally:
             self._inboxes.discard(inbox)
             self.hub.remove_subscriber(inbox)
