@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from broker.core.auth import secret_from_env
 from broker.core.errors import ConfigError, PodracerError
 from broker.core.settings import (
     DEFAULT_ENV,
@@ -22,6 +23,7 @@ from broker.core.settings import (
 )
 from orchestrator.scalers import SCALERS
 
+log = logging.getLogger(__name__)
 _BUDGET = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 _SECONDS = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 _STEPS = {"": 1, "k": 1_000, "m_steps": 1_000_000, "M": 1_000_000, "G": 1_000_000_000}
@@ -169,8 +171,17 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = _serve_settings(args, args.role)
     name = settings.instance_name(args.role)
+    secret = secret_from_env()
+    if secret is None and not args.insecure:
+        raise ConfigError("PODRACER_SECRET_FILE", f"`serve {args.role}` has no secret to "
+                          "authenticate messages with",
+                          "set PODRACER_SECRET_FILE (or PODRACER_SECRET) to the "
+                          "experiment's secret; --insecure only where nobody untrusted can "
+                          "reach the broker")
+    if secret is None:
+        log.warning("running --insecure: messages are neither signed nor checked")
     # the registries and the broker connection are built here, once, and passed in
-    connect = connector(settings.broker)
+    connect = connector(settings.broker, secret=secret, insecure=args.insecure)
     registry = default_registry()
     if args.role == "pod":
         from agents.pod import service as pod
@@ -251,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-pods", type=int, default=None, help="orchestrator: floor of pods")
     p.add_argument("--poll", type=float, default=1.0, help="orchestrator: seconds per poll")
     p.add_argument("--log-dir", help="orchestrator: directory for local pods' logs")
+    p.add_argument("--insecure", action="store_true",
+                   help="run without the experiment's secret (PODRACER_SECRET_FILE): "
+                        "messages neither signed nor checked")
     _add_common(p)
     p.set_defaults(func=cmd_serve)
 

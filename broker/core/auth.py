@@ -100,6 +100,23 @@ def write_secret_file(path: Path, secret: str | None = None) -> Path:
     return path
 
 
+RUN_SECRET = "secret"
+"""File in a run directory holding the secret ``podracer train --broker`` made for it."""
+
+
+def run_secret_env(run_dir: Path, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables ``podracer train --broker`` adds for the services it starts: none
+    when the environment already names a secret (the operator's, shared with pods on
+    other machines), else ``PODRACER_SECRET_FILE`` of ``<run_dir>/secret``, made on the
+    first session and kept, so a resumed run still reads what the last one left queued."""
+    if secret_from_env(environ) is not None:
+        return {}
+    path = run_dir / RUN_SECRET
+    if not path.is_file():
+        write_secret_file(path)
+    return {SECRET_FILE_ENV: str(path)}
+
+
 class MessageKey:
     """Signs and checks message bodies of one experiment (see the module docstring)."""
 
