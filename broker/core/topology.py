@@ -5,6 +5,11 @@ Every name lives under the experiment's namespace ``podracer.<experiment>.``:
 =========================  ===================================================
 ``generator``              durable quorum queue, generator -> pods
 ``updater``                durable quorum queue, pods -> updater
+``work``                   topic exchange every work message is published to, with
+                           the work queue's short name as routing key (each queue is
+                           bound with its own name): unlike the default exchange, it
+                           lets a RabbitMQ user be allowed one queue only (a pod may
+                           write ``updater``, not ``generator``; ``broker.runtime.users``)
 ``events``                 topic exchange (heartbeats, metrics, control, ...)
 ``dlx``                    direct exchange the work queues dead-letter into
 ``<queue>.dead``           durable queue bound to ``dlx`` with key ``<queue>.dead``
@@ -106,6 +111,11 @@ class Topology:
     def events(self) -> str:
         """Topic exchange for heartbeats, metrics, leaderboard and control messages."""
         return f"{self.prefix}.events"
+
+    @property
+    def work(self) -> str:
+        """Topic exchange of the work queues (routing key: ``generator`` or ``updater``)."""
+        return f"{self.prefix}.work"
 
     @property
     def dlx(self) -> str:

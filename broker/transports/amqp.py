@@ -60,17 +60,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import aio_pika
 import aiormq
 from aio_pika.abc import (
+    AbstractExchange,
     AbstractIncomingMessage,
     AbstractRobustChannel,
     AbstractRobustConnection,
-    AbstractRobustExchange,
 )
 
 from broker.core.auth import SECRET_FILE_ENV, MessageKey
 from broker.core.errors import ConfigError, ConnectionClosed, PublishError
 from broker.core.messages import DEFAULT_INLINE_LIMIT
 from broker.core.schemas import Message
-from broker.core.topology import DEAD_QUEUE_ARGS, WORK_QUEUES, Topology
+from broker.core.topology import WORK_QUEUES, Topology
 from broker.transports.amqp_failover import CONNECT_ERRORS, connect_failover
 from broker.transports.amqp_inbox import (
     BROKER_ERRORS,
@@ -80,6 +80,7 @@ from broker.transports.amqp_inbox import (
     InboxItem,
     watch_consumer,
 )
+from broker.transports.amqp_topology import declare_topology, owns
 from broker.transports.base import (
     BROKER_DEATH_HEADERS,
     DEFAULT_PUBLISH_TRIES,
@@ -142,7 +143,8 @@ class AmqpTransport:
         self._publish_conn: AbstractRobustConnection | None = None
         self._consume_conn: AbstractRobustConnection | None = None
         self._channel: AbstractRobustChannel | None = None
-        self._events: AbstractRobustExchange | None = None
+        self._events: AbstractExchange | None = None
+        self._work: AbstractExchange | None = None
         self._lock = asyncio.Lock()
         self._inboxes: set[asyncio.Queue[InboxItem]] = set()
         self._closed = False
@@ -195,51 +197,32 @@ class AmqpTransport:
     # ------------------------------------------------------------ topology
 
     async def declare(self) -> None:
-        """Declare exchanges, work queues and dead-letter queues (idempotent).
-
-        Declared on the robust publish channel, so a reconnect re-declares them.
-        """
+        """Make sure the exchanges, work and dead-letter queues exist, creating what this
+        RabbitMQ user may (``broker.transports.amqp_topology``; idempotent)."""
         try:
             channel = await self._publisher()
-            self._events = await channel.declare_exchange(
-                self._topology.events, aio_pika.ExchangeType.TOPIC, durable=True)
-            dlx = await channel.declare_exchange(
-                self._topology.dlx, aio_pika.ExchangeType.DIRECT, durable=True)
-            for short in WORK_QUEUES:
-                # Not robust: a classic queue lives on one node, and re-declaring it on
-                # every reconnect would fail the whole reconnect (NOT_FOUND, "home node
-                # down") for as long as that node of a cluster is down. It is durable, so
-                # declaring it once per process is enough.
-                dead = await channel.declare_queue(
-                    self._topology.dead(short), durable=True, arguments=dict(DEAD_QUEUE_ARGS),
-                    robust=False)
-                await dead.bind(dlx, routing_key=self._topology.dead_routing_key(short),
-                                robust=False)
-                await channel.declare_queue(
-                    self._full(short), durable=True, arguments=self._topology.queue_args(short))
+            assert self._publish_conn is not None
+            await declare_topology(self._publish_conn, self._topology)
+            self._events = await channel.get_exchange(self._topology.events, ensure=False)
+            self._work = await channel.get_exchange(self._topology.work, ensure=False)
         except BROKER_ERRORS as exc:
             raise ConnectionClosed(f"declare failed: {exc or type(exc).__name__}") from None
 
     def _full(self, queue: str) -> str:
         return f"{self._topology.prefix}.{queue}"
 
-    def _queue_args(self, queue: str) -> dict[str, Any]:
-        if queue.endswith(".dead"):
-            return dict(DEAD_QUEUE_ARGS)
-        return self._topology.queue_args(queue)
-
     # ------------------------------------------------------------ publishing
 
     async def publish(self, queue: str, msg: Message) -> None:
         """Send ``msg`` to work queue ``queue``; returns once RabbitMQ confirmed it."""
         check_queue(queue, publish=True)
-        await self._send(msg, exchange=None, routing_key=self._full(queue))
+        await self._send(msg, exchange="work", routing_key=queue)
 
     async def publish_event(self, routing_key: str, msg: Message) -> None:
         """Send ``msg`` on the events exchange with ``routing_key`` (confirmed)."""
         await self._send(msg, exchange="events", routing_key=routing_key)
 
-    async def _send(self, msg: Message, *, exchange: str | None, routing_key: str) -> None:
+    async def _send(self, msg: Message, *, exchange: str, routing_key: str) -> None:
         body, content_type, headers = await encode(msg, blobs=self.blobs, key=self.key,
                                                    inline_limit=self.inline_limit)
         outgoing = aio_pika.Message(
@@ -251,18 +234,15 @@ class AmqpTransport:
         last: BaseException | None = None
         for attempt in range(self.publish_tries):
             try:
-                channel = await self._publisher()
-                if exchange is None:
-                    # mandatory: an unroutable work message (queue missing) is an error
-                    await channel.default_exchange.publish(
-                        outgoing, routing_key, mandatory=True, timeout=self.confirm_timeout)
-                else:
-                    if self._events is None:
-                        await self.declare()
-                    assert self._events is not None
-                    # an event nobody listens to is fine: not mandatory
-                    await self._events.publish(
-                        outgoing, routing_key, mandatory=False, timeout=self.confirm_timeout)
+                await self._publisher()
+                if self._events is None or self._work is None:
+                    await self.declare()
+                assert self._events is not None and self._work is not None
+                # mandatory for work: an unroutable work message (queue missing) is an
+                # error; an event nobody listens to is fine
+                target = self._work if exchange == "work" else self._events
+                await target.publish(outgoing, routing_key, mandatory=exchange == "work",
+                                     timeout=self.confirm_timeout)
                 return
             except BROKER_ERRORS as exc:
                 if self._closed:
@@ -297,8 +277,13 @@ class AmqpTransport:
             channel = conn.channel(publisher_confirms=False)
             await channel.initialize()
             await channel.set_qos(prefetch_count=prefetch)
-            amqp_queue = await channel.declare_queue(
-                name, durable=True, arguments=self._queue_args(queue))
+            if queue in WORK_QUEUES and await owns(conn, self._topology, queue):
+                # robust declare and bind: a queue deleted under us comes back, routable
+                amqp_queue = await channel.declare_queue(
+                    name, durable=True, arguments=self._topology.queue_args(queue))
+                await amqp_queue.bind(self._topology.work, routing_key=queue)
+            else:  # declared by its owner (a pod may not: broker.transports.amqp_topology)
+                amqp_queue = await channel.declare_queue(name, passive=True)
             tag = await amqp_queue.consume(on_message)
         except BROKER_ERRORS as exc:
             raise ConnectionClosed(f"cannot consume {name}: {exc or type(exc).__name__}") from None
@@ -417,8 +402,7 @@ class AmqpTransport:
             conn = await self._consumer_conn()
             channel = conn.channel(publisher_confirms=False)
             await channel.initialize()
-            events = await channel.declare_exchange(
-                self._topology.events, aio_pika.ExchangeType.TOPIC, durable=True)
+            events = await channel.get_exchange(self._topology.events, ensure=False)
             # exclusive: it dies with the connection; aio-pika re-declares it on reconnect
             name = self._topology.subscriber(service or process_role(),
                                              f"{process_id()}.{uuid.uuid4().hex[:6]}")

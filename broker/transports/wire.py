@@ -85,8 +85,9 @@ def _decode(body: bytes, content_type: str | None, blobs: BlobStore | None,
 
 
 class EventDrops:
-    """Events a subscription dropped, counted by why; logs the first of each kind and
-    then one line per ``WARN_EVERY`` (a flood of forged events must not flood the log)."""
+    """Events a subscription dropped, counted by why. An undecodable event gets one
+    warning line each; unauthenticated ones the first and then one per ``WARN_EVERY``
+    (a flood of forged events must not flood the log)."""
 
     WARN_EVERY = 1000
 
@@ -98,13 +99,12 @@ class EventDrops:
 
     def count(self, log: logging.Logger, message_id: object, routing_key: object,
               exc: MessageError) -> None:
-        """Count the dropped event and log it (rate-limited)."""
-        if isinstance(exc, AuthenticationError):
-            self.unauthenticated += 1
-            seen, what = self.unauthenticated, "unauthenticated"
-        else:
+        """Count the dropped event and log it."""
+        if not isinstance(exc, AuthenticationError):
             self.undecodable += 1
-            seen, what = self.undecodable, "undecodable"
-        if seen == 1 or seen % self.WARN_EVERY == 0:
-            log.warning("dropped %s event %r (%r): %s (%d so far)", what, message_id,
-                        routing_key, exc, seen)
+            log.warning("dropped event %r (%r): %s", message_id, routing_key, exc)
+            return
+        self.unauthenticated += 1
+        if self.unauthenticated == 1 or self.unauthenticated % self.WARN_EVERY == 0:
+            log.warning("dropped unauthenticated event %r (%r): %s (%d so far)", message_id,
+                        routing_key, exc, self.unauthenticated)
