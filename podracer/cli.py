@@ -268,7 +268,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.set_defaults(func=cmd_serve)
 
-    from podracer import backtest, inspect_cli, layers, lifecycle_cli, report, status_cli
+    from podracer import (
+        backtest,
+        inspect_cli,
+        layers,
+        lifecycle_cli,
+        report,
+        status_cli,
+        users_cli,
+    )
 
     status_cli.add_command(sub, _add_common)
     lifecycle_cli.add_commands(sub, _add_common)
@@ -276,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     layers.add_command(sub, _add_common)
     report.add_command(sub, _add_common)
     backtest.add_command(sub, _add_common)
+    users_cli.add_command(sub, _add_common)
     return parser
 
 

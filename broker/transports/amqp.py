@@ -244,6 +244,10 @@ class AmqpTransport:
                 await target.publish(outgoing, routing_key, mandatory=exchange == "work",
                                      timeout=self.confirm_timeout)
                 return
+            except aiormq.exceptions.ChannelAccessRefused as exc:
+                # a permission does not come back by retrying (broker.runtime.users)
+                raise PublishError(f"{msg.KIND} {msg.id} to {routing_key}: refused by the "
+                                   f"broker: {exc}") from None
             except BROKER_ERRORS as exc:
                 if self._closed:
                     break
