@@ -44,6 +44,7 @@ from __future__ import annotations
 import re
 import secrets
 import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from broker.core.errors import BrokerError, ConfigError
@@ -135,16 +136,22 @@ def user_name(experiment: str, role: str) -> str:
     return f"podracer-{Topology(experiment).experiment}-{role}"
 
 
-def setup_users(management: Management, experiment: str,
-                roles: tuple[str, ...] = ROLES) -> list[Credentials]:
-    """Create or reset the user of each of ``roles`` with a new password and its
-    permissions (``BrokerError`` if the API refuses: the admin URL needs the
-    ``administrator`` tag)."""
+def new_password() -> str:
+    """A random password (URL-safe: it goes into broker URLs unquoted)."""
+    return secrets.token_urlsafe(24)
+
+
+def setup_users(management: Management, experiment: str, roles: tuple[str, ...] = ROLES,
+                passwords: Mapping[str, str] | None = None) -> list[Credentials]:
+    """Create or reset the user of each of ``roles`` with its password in ``passwords``
+    (default: a new one) and its permissions (``BrokerError`` if the API refuses: the
+    admin URL needs the ``administrator`` tag)."""
     topology = Topology(experiment)
     made = []
     for role in roles:
         perms = role_permissions(experiment, role)
-        user, password = user_name(experiment, role), secrets.token_urlsafe(24)
+        user = user_name(experiment, role)
+        password = (passwords or {}).get(role) or new_password()
         path = urllib.parse.quote(user, safe="")
         management.call("PUT", f"users/{path}", {"password": password, "tags": perms.tags})
         management.call("PUT", f"permissions/{{vhost}}/{path}", {
