@@ -57,6 +57,7 @@ def cmd_env(args: argparse.Namespace) -> int:
     from broker.runtime.users import new_password, user_name
 
     experiment = check_experiment(args.experiment)
+    print(f"PODRACER_EXPERIMENT={experiment}")
     for role in _roles(args):
         print(f"{_variable(role, 'USER')}={user_name(experiment, role)}")
         print(f"{_variable(role, 'PASSWORD')}={new_password()}")
