@@ -95,3 +95,38 @@ async def test_each_role_does_its_job_and_a_pod_nothing_else(
             got = await next_within(inbox)
             assert got.message.id == checkpoint.id
             await got.ack()
+
+
+def test_users_commands_as_documented(amqp_url: str, experiment: str, tmp_path: Path) -> None:
+    """``users env`` -> ``users setup --passwords-from-env`` -> the pod logs in with the
+    password from the env file -> ``users remove`` (docs/security.md)."""
+    import os
+    import subprocess
+
+    import pika
+
+    def podracer(*args: str, env: dict[str, str] | None = None) -> str:
+        done = subprocess.run([sys.executable, "-m", "podracer", "users", *args],
+                              capture_output=True, text=True, timeout=60,
+                              env={**os.environ, **(env or {})}, check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    secret = tmp_path / "podracer.secret"
+    lines = podracer("env", "--experiment", experiment, "--secret-file", str(secret))
+    env = dict(line.split("=", 1) for line in lines.splitlines())
+    assert env["PODRACER_EXPERIMENT"] == experiment
+    assert env["PODRACER_SECRET_PATH"] == str(secret.resolve())
+    assert secret.stat().st_mode & 0o777 == 0o600
+    assert env["PODRACER_POD_USER"] == f"podracer-{experiment}-pod"
+    try:
+        printed = podracer("setup", "--broker", amqp_url, "--experiment", experiment,
+                           "--passwords-from-env", env=env)
+        assert f":{env['PODRACER_POD_PASSWORD']}@" in printed
+        params = pika.URLParameters(amqp_url)
+        params.credentials = pika.PlainCredentials(env["PODRACER_POD_USER"],
+                                                   env["PODRACER_POD_PASSWORD"])
+        pika.BlockingConnection(params).close()
+    finally:
+        assert "removed 5 user(s)" in podracer("remove", "--broker", amqp_url,
+                                               "--experiment", experiment)
