@@ -71,7 +71,7 @@ def delete_experiment(url: str, experiment: str) -> None:
         channel = connection.channel()
         for queue in ("generator", "updater", "generator.dead", "updater.dead"):
             channel.queue_delete(f"{prefix}.{queue}")
-        for exchange in ("events", "dlx"):
+        for exchange in ("events", "dlx", "work"):
             channel.exchange_delete(f"{prefix}.{exchange}")
     finally:
         connection.close()

@@ -212,7 +212,7 @@ class BrokerAdmin(SyncClient):
         for name in (*self.topology.work_queues, *self.topology.dead_queues):
             if self._delete_queue(name, if_idle=True):
                 deleted.append(name)
-        for exchange in (self.topology.events, self.topology.dlx):
+        for exchange in (self.topology.events, self.topology.dlx, self.topology.work):
             self._delete_exchange(exchange, if_unused=True)
         return deleted
 
@@ -220,7 +220,7 @@ class BrokerAdmin(SyncClient):
         """Delete every queue and exchange of the experiment, messages and all."""
         deleted = [name for name in (*self.topology.work_queues, *self.topology.dead_queues)
                    if self._delete_queue(name, if_idle=False)]
-        for exchange in (self.topology.events, self.topology.dlx):
+        for exchange in (self.topology.events, self.topology.dlx, self.topology.work):
             self._delete_exchange(exchange, if_unused=False)
         return deleted
 

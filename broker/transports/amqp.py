@@ -5,6 +5,11 @@ Choices worth knowing:
 - Two robust connections: one for publishing (confirm channel, topology declares,
   queue-depth probes), one for consuming (one channel per ``consume``/``subscribe``,
   each with its own ``basic.qos``), so a slow consumer never throttles publishes.
+- Work messages are published to the experiment's ``work`` topic exchange (routing
+  key: the queue's short name), not the default exchange, so that a RabbitMQ user can
+  be allowed one queue (``broker.runtime.users``); a refused publish (ACCESS_REFUSED)
+  raises ``PublishError`` at once. ``declare`` creates only what this user may
+  (``broker.transports.amqp_topology``).
 - Publishes are persistent and confirmed; a failure (connection lost, nack, unroutable,
   confirm timeout) is retried ``publish_tries`` times with exponential backoff, then
   raises ``PublishError``. A retry after a lost confirm may duplicate a message:
@@ -53,7 +58,7 @@ import datetime
 import logging
 import random
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -80,7 +85,13 @@ from broker.transports.amqp_inbox import (
     InboxItem,
     watch_consumer,
 )
-from broker.transports.amqp_topology import declare_topology, owns
+from broker.transports.amqp_topology import (
+    declare_topology,
+    owns,
+    peek_queue,
+    purge_queue,
+    queue_depth,
+)
 from broker.transports.base import (
     BROKER_DEATH_HEADERS,
     DEFAULT_PUBLISH_TRIES,
@@ -91,7 +102,6 @@ from broker.transports.base import (
     check_prefetch,
     check_queue,
     dead_letter_headers,
-    describe_dead,
     process_id,
     process_role,
     redact,
@@ -106,6 +116,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
+T = TypeVar("T")
 
 
 class AmqpTransport:
@@ -337,57 +348,21 @@ class AmqpTransport:
     async def purge(self, queue: str) -> int:
         """Drop the ready messages of ``queue`` (0 if it does not exist)."""
         check_queue(queue)
-        try:
-            channel = await self._side_channel()
-            try:
-                found = await channel.declare_queue(self._full(queue), passive=True,
-                                                    robust=False)
-                result = await found.purge()
-            except aiormq.exceptions.ChannelNotFoundEntity:
-                return 0
-            finally:
-                with suppress(*BROKER_ERRORS):
-                    await channel.close()
-        except BROKER_ERRORS as exc:
-            raise ConnectionClosed(f"purge({queue}) failed: {exc or type(exc).__name__}"
-                                   ) from None
-        return int(getattr(result, "message_count", 0) or 0)
+        return await self._inspect(f"purge({queue})", purge_queue, self._full(queue))
 
     async def peek_dead(self, queue: str, limit: int = 100) -> list[DeadLetterInfo]:
-        """Up to ``limit`` dead letters of ``queue``: fetched unacked, then all nacked
-        back (the dead-letter queue is classic: a requeue keeps order and counts nothing)."""
+        """Up to ``limit`` dead letters of ``queue``, left in place (``peek_queue``)."""
         dead = self._topology.dead(queue.removesuffix(".dead"))
-        found: list[DeadLetterInfo] = []
-        try:
-            channel = await self._side_channel()
-            try:
-                amqp_queue = await channel.declare_queue(dead, passive=True, robust=False)
-                last: AbstractIncomingMessage | None = None
-                for _ in range(limit):
-                    raw = await amqp_queue.get(no_ack=False, fail=False)
-                    if raw is None:
-                        break
-                    last = raw
-                    found.append(describe_dead(raw.message_id, raw.type, raw.headers))
-                if last is not None:
-                    await last.nack(multiple=True, requeue=True)
-            except aiormq.exceptions.ChannelNotFoundEntity:
-                return []
-            finally:
-                with suppress(*BROKER_ERRORS):
-                    await channel.close()
-        except BROKER_ERRORS as exc:
-            raise ConnectionClosed(f"peek_dead({queue}) failed: {exc or type(exc).__name__}"
-                                   ) from None
-        return found
+        return await self._inspect(f"peek_dead({queue})", peek_queue, dead, limit)
 
-    async def _side_channel(self) -> Any:
-        """A short-lived plain channel on the publish connection (a 404 closes only it)."""
-        await self._publisher()
-        assert self._publish_conn is not None
-        channel = self._publish_conn.channel(publisher_confirms=False)
-        await channel.initialize()
-        return channel
+    async def _inspect(self, what: str, op: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``op(connection, *args)`` on a throwaway channel, broker errors translated."""
+        try:
+            await self._publisher()
+            assert self._publish_conn is not None
+            return await op(self._publish_conn, *args)
+        except BROKER_ERRORS as exc:
+            raise ConnectionClosed(f"{what} failed: {exc or type(exc).__name__}") from None
 
     # ------------------------------------------------------------ events
 
@@ -432,24 +407,7 @@ class AmqpTransport:
     async def queue_depth(self, queue: str) -> tuple[int, int]:
         """``(ready messages, consumers)`` of ``queue``; ``(0, 0)`` if it does not exist."""
         check_queue(queue)
-        await self._publisher()
-        assert self._publish_conn is not None
-        try:
-            channel = self._publish_conn.channel(publisher_confirms=False)
-            await channel.initialize()
-            try:
-                found = await channel.declare_queue(self._full(queue), passive=True,
-                                                    robust=False)
-            except aiormq.exceptions.ChannelNotFoundEntity:
-                return 0, 0
-            finally:
-                with suppress(*BROKER_ERRORS):
-                    await channel.close()
-        except BROKER_ERRORS as exc:
-            raise ConnectionClosed(f"queue_depth({queue}) failed: "
-                                   f"{exc or type(exc).__name__}") from None
-        result = found.declaration_result
-        return int(result.message_count or 0), int(result.consumer_count or 0)
+        return await self._inspect(f"queue_depth({queue})", queue_depth, self._full(queue))
 
     async def close(self) -> None:
         """Close both connections; consumers stop, unsettled deliveries are requeued."""

@@ -1,4 +1,5 @@
-"""Declaring an experiment's broker objects under least privilege (``AmqpTransport.declare``).
+"""Declaring an experiment's broker objects under least privilege (``AmqpTransport.declare``),
+and looking at queues on throwaway channels (depth, purge, dead-letter peeks).
 
 Each role has its own RabbitMQ user (``broker.runtime.users``), and RabbitMQ asks for
 *configure* permission on every non-passive declare, even of an object that exists,
@@ -29,6 +30,7 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 
 from broker.core.topology import DEAD_QUEUE_ARGS, WORK_QUEUES, Topology
+from broker.transports.base import DeadLetterInfo, describe_dead
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +39,11 @@ _REFUSED = (aiormq.exceptions.ChannelAccessRefused,)
 _MISSING = (aiormq.exceptions.ChannelNotFoundEntity,)
 
 
-async def _run(conn: AbstractRobustConnection, step: Step) -> None:
+async def _run(conn: AbstractRobustConnection, step: Step) -> Any:
     channel = conn.channel(publisher_confirms=False)
     await channel.initialize()
     try:
-        await step(channel)
+        return await step(channel)
     finally:
         if not channel.is_closed:
             with suppress(Exception):
@@ -128,3 +130,60 @@ def _bind(queue: str, exchange: str, routing_key: str) -> Step:
         found = await channel.get_queue(queue, ensure=False)
         await found.bind(exchange, routing_key=routing_key)
     return step
+
+
+# ------------------------------------------------------------------ inspection
+
+
+async def queue_depth(conn: AbstractRobustConnection, name: str) -> tuple[int, int]:
+    """``(ready messages, consumers)`` of queue ``name``; ``(0, 0)`` if it does not exist
+    (a passive declare: no permission needed)."""
+    async def step(channel: AbstractChannel) -> tuple[int, int]:
+        found = await channel.declare_queue(name, passive=True,  # type: ignore[call-arg]
+                                            robust=False)
+        result = found.declaration_result
+        return int(result.message_count or 0), int(result.consumer_count or 0)
+    try:
+        depth: tuple[int, int] = await _run(conn, step)
+    except _MISSING:
+        return 0, 0
+    return depth
+
+
+async def purge_queue(conn: AbstractRobustConnection, name: str) -> int:
+    """Drop the ready messages of queue ``name``; how many (0 if it does not exist)."""
+    async def step(channel: AbstractChannel) -> int:
+        found = await channel.declare_queue(name, passive=True,  # type: ignore[call-arg]
+                                            robust=False)
+        result = await found.purge()
+        return int(getattr(result, "message_count", 0) or 0)
+    try:
+        count: int = await _run(conn, step)
+    except _MISSING:
+        return 0
+    return count
+
+
+async def peek_queue(conn: AbstractRobustConnection, name: str,
+                     limit: int) -> list[DeadLetterInfo]:
+    """Up to ``limit`` dead letters of queue ``name``: fetched unacked, then all nacked
+    back (a dead-letter queue is classic: a requeue keeps order and counts nothing)."""
+    async def step(channel: AbstractChannel) -> list[DeadLetterInfo]:
+        found: list[DeadLetterInfo] = []
+        queue = await channel.declare_queue(name, passive=True,  # type: ignore[call-arg]
+                                            robust=False)
+        last = None
+        for _ in range(limit):
+            raw = await queue.get(no_ack=False, fail=False)
+            if raw is None:
+                break
+            last = raw
+            found.append(describe_dead(raw.message_id, raw.type, raw.headers))
+        if last is not None:
+            await last.nack(multiple=True, requeue=True)
+        return found
+    try:
+        letters: list[DeadLetterInfo] = await _run(conn, step)
+    except _MISSING:
+        return []
+    return letters
