@@ -28,6 +28,7 @@ from broker.core.auth import (
     MessageKey,
     new_secret,
     read_secret_file,
+    run_secret_env,
     secret_from_env,
     write_secret_file,
 )
@@ -80,6 +81,15 @@ def test_secrets_are_read_from_a_file_or_the_environment(tmp_path: Path) -> None
         secret_from_env({"PODRACER_SECRET": OTHER, "PODRACER_SECRET_FILE": str(path)})
     with pytest.raises(ConfigError, match="PODRACER_SECRET_FILE: cannot read"):
         secret_from_env({"PODRACER_SECRET_FILE": str(tmp_path / "missing")})
+
+
+def test_train_makes_one_secret_per_run_and_keeps_it(tmp_path: Path) -> None:
+    env = run_secret_env(tmp_path, {})
+    path = Path(env["PODRACER_SECRET_FILE"])
+    assert path == tmp_path / "secret" and path.stat().st_mode & 0o777 == 0o600
+    first = read_secret_file(path)
+    assert run_secret_env(tmp_path, {}) == env and read_secret_file(path) == first  # resume
+    assert run_secret_env(tmp_path / "other", {"PODRACER_SECRET": OTHER}) == {}  # operator's
 
 
 def test_a_signed_claim_covers_its_blob(tmp_path: Path) -> None:
