@@ -41,6 +41,10 @@ Contract (both transports, proven by ``tests/broker/test_contract.py``):
   the broker itself (delivery limit) carries RabbitMQ's own ``x-death`` instead.
   ``peek_dead`` lists dead letters without consuming them; ``purge`` drops the ready
   messages of a queue (what ``podracer`` does with rounds nobody will train).
+- Every message is signed with the experiment's secret (``x-podracer-mac``,
+  ``broker.core.auth``) and checked on receipt before it is decoded: a work message
+  that fails is dead-lettered like any other ``MessageError`` (the reason names the
+  MAC), an event is dropped and counted (``event_drops``).
 - Events are best-effort fan-out on a topic exchange: ``publish_event`` with a routing
   key such as ``heartbeat.<pod>``; ``subscribe`` with patterns where ``*`` matches one
   dot-separated word and ``#`` zero or more. A subscriber sees only events published
