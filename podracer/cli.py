@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from broker.core.auth import secret_from_env
 from broker.core.errors import ConfigError, PodracerError
 from broker.core.experiment import apply_overrides, parse_experiment
 from broker.core.settings import (
@@ -26,6 +27,7 @@ from broker.core.settings import (
 from orchestrator.scalers import SCALERS
 from podracer.roles import ROLES
 
+log = logging.getLogger(__name__)
 _BUDGET = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 _SECONDS = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 _STEPS = {"": 1, "k": 1_000, "m_steps": 1_000_000, "M": 1_000_000, "G": 1_000_000_000}
@@ -208,8 +210,17 @@ def _serve(args: argparse.Namespace) -> int:
         return 0
     settings = ready
     name = settings.instance_name(args.role)
+    secret = secret_from_env()
+    if secret is None and not args.insecure:
+        raise ConfigError("PODRACER_SECRET_FILE", f"`serve {args.role}` has no secret to "
+                          "authenticate messages with",
+                          "set PODRACER_SECRET_FILE (or PODRACER_SECRET) to the "
+                          "experiment's secret; --insecure only where nobody untrusted can "
+                          "reach the broker")
+    if secret is None:
+        log.warning("running --insecure: messages are neither signed nor checked")
     # what services share is built here, once; which of it each takes: podracer.roles
-    wiring = Wiring(connector(settings.broker))
+    wiring = Wiring(connector(settings.broker, secret=secret, insecure=args.insecure))
     options: dict[str, Any] = {}
     if args.role == "updater":
         options = {"reevaluate": args.reevaluate}
@@ -278,11 +289,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-pods", type=int, default=None, help="orchestrator: floor of pods")
     p.add_argument("--poll", type=float, default=1.0, help="orchestrator: seconds per poll")
     p.add_argument("--log-dir", help="orchestrator: directory for local pods' logs")
+    p.add_argument("--insecure", action="store_true",
+                   help="run without the experiment's secret (PODRACER_SECRET_FILE): "
+                        "messages neither signed nor checked")
     _add_common(p)
     _add_dry_run(p)
     p.set_defaults(func=cmd_serve)
 
-    from podracer import backtest, inspect_cli, layers, lifecycle_cli, report, status_cli
+    from podracer import (
+        backtest,
+        inspect_cli,
+        layers,
+        lifecycle_cli,
+        report,
+        status_cli,
+        users_cli,
+    )
 
     status_cli.add_command(sub, _add_common)
     lifecycle_cli.add_commands(sub, _add_common)
@@ -290,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     layers.add_command(sub, _add_common)
     report.add_command(sub, _add_common)
     backtest.add_command(sub, _add_common)
+    users_cli.add_command(sub, _add_common)
     return parser
 
 

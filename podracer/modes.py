@@ -13,6 +13,10 @@ Ctrl-C terminates them), then this process purges waiting initializations and de
 every queue of the experiment that is empty and unused; a checkpoint not yet stored or
 a dead letter keeps its queue. An expiry policy lets the work queues of a run that was
 killed outright go away after ``queue_expiry_s``.
+
+Messages are authenticated (``broker.core.auth``): the embedded hub makes a secret of its
+own; broker mode uses ``PODRACER_SECRET_FILE``/``PODRACER_SECRET`` if set, else makes
+``<run>/secret`` (owner-only, kept for ``--resume``) and hands it to its services.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 
 from agents.base import AlgorithmRegistry
 from agents.pod.continuity import ReplayCache, default_cache_bytes
+from broker.core.auth import run_secret_env, secret_from_env
 from broker.core.errors import BrokerError, ConfigError
 from broker.core.schemas import Stop
 from broker.core.settings import Settings, settings_environment, write_experiment
@@ -159,6 +164,7 @@ async def _processes(settings: Settings, monitor: Monitor, out: Path,
                      session: Session) -> int:
     experiment_file = write_experiment(settings.experiment, out / SESSION_FILE)
     env = {**os.environ, **settings_environment(settings, experiment_file)}
+    env.update(run_secret_env(out, env))  # every service of the run signs with it
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     group = ProcessGroup(env, logs)  # restarts a crashed service with backoff
@@ -173,7 +179,8 @@ async def _processes(settings: Settings, monitor: Monitor, out: Path,
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):  # (podracer.api)
             loop.add_signal_handler(signum, on_signal, signum)
-    async with connector(settings.broker)(experiment=settings.experiment.name) as transport:
+    async with connector(settings.broker, secret=secret_from_env(env))(
+            experiment=settings.experiment.name) as transport:
         watcher = asyncio.create_task(monitor.follow(transport))
         for role in SERVICE_ROLES:
             argv = [sys.executable, "-m", "podracer", "serve", role]

@@ -159,6 +159,7 @@ def _quiet_client_logs() -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Queues, dead letters, live services and the leaderboard of one experiment."""
+    from broker.core.auth import secret_from_env
     from broker.transports.base import redact
 
     _quiet_client_logs()
@@ -174,6 +175,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(table)
     if not declared:
         print("(no queues: wrong experiment name, or its services have not started yet)")
+    elif args.listen > 0 and secret_from_env() is None:
+        # heartbeats are signed (broker.core.auth): without the secret none can be trusted
+        print("\nservices: not listened to; set PODRACER_SECRET_FILE to the experiment's "
+              "secret to hear their signed heartbeats")
     elif args.listen > 0:
         beats = asyncio.run(listen_heartbeats(broker, name, args.listen))
         print(f"\nservices heard in {args.listen:g}s: {len(beats)}")

@@ -28,6 +28,12 @@ from tests.required import skip_or_fail
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 
+# Every test run shares one experiment secret (messages are authenticated, see
+# broker.core.auth); services a test starts as subprocesses inherit it.
+if not (os.environ.get("PODRACER_SECRET") or os.environ.get("PODRACER_SECRET_FILE")):
+    os.environ["PODRACER_SECRET"] = f"tests-{uuid.uuid4().hex}"
+
+
 TESTS = Path(__file__).resolve().parent
 FULL_GATE_ONLY = {
     "cluster": "starts a 3-node RabbitMQ cluster",

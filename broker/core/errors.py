@@ -51,6 +51,10 @@ class SchemaError(MessageError):
     """The message decoded but does not match its schema (version, field, type, shape)."""
 
 
+class AuthenticationError(MessageError):
+    """The message's MAC is missing or wrong: it was not sent with the experiment's secret."""
+
+
 class BlobError(MessageError):
     """A blob reference is invalid: outside the store, missing, or its sha256 differs."""
 

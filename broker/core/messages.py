@@ -7,6 +7,8 @@ is a small claim with ``CLAIM_CONTENT_TYPE``::
     {"claim": {uri, sha256, size}, "kind", "id", "experiment", "schema"}
 
 The extra fields let a consumer log and dead-letter a claim without fetching it.
+With a ``MessageKey`` (``broker.core.auth``) the body's MAC is checked before anything
+is unpacked or fetched; a signed claim covers its blob through the blob's sha256.
 Decoding raises only ``MessageError`` subclasses for bad input, so a transport can
 dead-letter on exactly that exception.
 
@@ -29,6 +31,7 @@ from typing import Any, TypeVar, overload
 import torch
 
 from broker.core import codec, schemas
+from broker.core.auth import MessageKey
 from broker.core.blobstore import BlobRef, BlobStore
 from broker.core.errors import BlobError, ConfigError, DecodeError, PublishError, SchemaError
 from broker.core.schemas import Message
@@ -116,6 +119,7 @@ def _claimed(msg: Message, body: bytes, blobs: BlobStore | None, inline_limit: i
 def decode_message(
     body: bytes | memoryview, content_type: str | None, *, blobs: BlobStore | None,
     expect: type[M], experiment: str | None = None,
+    key: MessageKey | None = None, mac: object = None,
 ) -> M: ...
 
 
@@ -123,6 +127,7 @@ def decode_message(
 def decode_message(
     body: bytes | memoryview, content_type: str | None, *, blobs: BlobStore | None,
     expect: None = None, experiment: str | None = None,
+    key: MessageKey | None = None, mac: object = None,
 ) -> Message: ...
 
 
@@ -133,12 +138,18 @@ def decode_message(
     blobs: BlobStore | None,
     expect: type[Message] | None = None,
     experiment: str | None = None,
+    key: MessageKey | None = None,
+    mac: object = None,
 ) -> Message:
     """Body bytes -> validated message; ``DecodeError``/``BlobError``/``SchemaError`` if bad.
 
     ``expect`` restricts the kind, ``experiment`` rejects another experiment's messages
     (both checked on the claim before the blob is fetched, and again on the payload).
+    With ``key``, ``mac`` (the ``x-podracer-mac`` header) must authenticate the body
+    first (``AuthenticationError``); without, no MAC is asked for.
     """
+    if key is not None:
+        key.verify(content_type, body, mac)
     if content_type == CLAIM_CONTENT_TYPE:
         body = _fetch_claim(body, blobs, expect=expect, experiment=experiment)
     elif content_type != CONTENT_TYPE:

@@ -10,6 +10,8 @@
 ``PODRACER_POD``               this process's name (the local scaler sets it)
 ``PODRACER_TORCH_THREADS``     torch intra-op threads of a pod (default: torch's)
 ``PODRACER_LOG_LEVEL``         ``INFO`` (default), ``DEBUG``, ...
+``PODRACER_SECRET_FILE``       the experiment's message secret, in a file (or
+                               ``PODRACER_SECRET``; read by ``broker.core.auth``)
 =============================  ==================================================
 """
 

@@ -5,6 +5,11 @@ Every name lives under the experiment's namespace ``podracer.<experiment>.``:
 =========================  ===================================================
 ``generator``              durable quorum queue, generator -> pods
 ``updater``                durable quorum queue, pods -> updater
+``work``                   topic exchange every work message is published to, with
+                           the work queue's short name as routing key (each queue is
+                           bound with its own name): unlike the default exchange, it
+                           lets a RabbitMQ user be allowed one queue only (a pod may
+                           write ``updater``, not ``generator``; ``broker.runtime.users``)
 ``events``                 topic exchange (heartbeats, metrics, control, ...)
 ``dlx``                    direct exchange the work queues dead-letter into
 ``<queue>.dead``           durable queue bound to ``dlx`` with key ``<queue>.dead``
@@ -111,6 +116,11 @@ class Topology:
         return f"{self.prefix}.events"
 
     @property
+    def work(self) -> str:
+        """Topic exchange of the work queues (routing key: ``generator`` or ``updater``)."""
+        return f"{self.prefix}.work"
+
+    @property
     def dlx(self) -> str:
         """Direct exchange that rejected work-queue messages are dead-lettered to."""
         return f"{self.prefix}.dlx"
@@ -152,8 +162,8 @@ class Topology:
 
     @property
     def exchanges(self) -> tuple[str, ...]:
-        """Full names of the experiment's exchanges (events, dlx)."""
-        return (self.events, self.dlx)
+        """Full names of the experiment's exchanges (events, dlx, work)."""
+        return (self.events, self.dlx, self.work)
 
     def subscriber(self, service: str, who: str) -> str:
         """Name of a subscriber queue: ``<prefix>.events.<service>.<who>``, so the

@@ -5,6 +5,11 @@ Choices worth knowing:
 - Two robust connections: one for publishing (confirm channel, topology declares,
   queue-depth probes), one for consuming (one channel per ``consume``/``subscribe``,
   each with its own ``basic.qos``), so a slow consumer never throttles publishes.
+- Work messages are published to the experiment's ``work`` topic exchange (routing
+  key: the queue's short name), not the default exchange, so that a RabbitMQ user can
+  be allowed one queue (``broker.runtime.users``); a refused publish (ACCESS_REFUSED)
+  raises ``PublishError`` at once. ``declare`` creates only what this user may
+  (``broker.transports.amqp_topology``).
 - Publishes are persistent and confirmed; a failure (connection lost, nack, unroutable,
   confirm timeout) is retried ``publish_tries`` times with exponential backoff, then
   raises ``PublishError``. A retry after a lost confirm may duplicate a message:
@@ -19,7 +24,7 @@ Choices worth knowing:
 - Deliveries and their iterators live in ``broker.transports.amqp_inbox``: those
   received on a channel that has since closed are dropped (the broker redelivers them).
 - aio-pika / aiormq exceptions (``broker.transports.amqp_inbox.BROKER_ERRORS``) never
-  leave this module, ``amqp_inbox`` or ``amqp_queues`` (depth, purge, dead letters):
+  leave this module, ``amqp_inbox`` or ``amqp_topology`` (declare, depth, purge, dead letters):
   they become ``broker.core.errors`` (or, when settling a delivery, a log line).
 - ``reject`` cannot add headers with ``basic.reject``, so a refused message is
   *published* to the ``dlx`` exchange (same body and properties, plus the
@@ -35,6 +40,10 @@ Choices worth knowing:
   clients over the cluster) and moves to the next node whenever an attempt fails or the
   connection drops (``broker.transports.amqp_failover``); every attempt is bounded by
   ``connect_timeout``.
+- Every message carries ``x-podracer-mac`` (``broker.core.auth``) and every received one
+  is checked before it is decoded: a work message that fails is dead-lettered with the
+  reason, an event dropped and counted (``event_drops``). Without a ``secret`` the
+  transport refuses to start unless ``insecure`` (then it neither signs nor checks).
 - ``amqps://`` uses TLS; ``PODRACER_TLS_CA``, ``PODRACER_TLS_CERT`` and
   ``PODRACER_TLS_KEY`` (file paths) configure the CA bundle and a client certificate
   (``broker.transports.tls``).
@@ -47,23 +56,24 @@ import datetime
 import logging
 import random
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import aio_pika
+import aiormq
 from aio_pika.abc import (
+    AbstractExchange,
     AbstractIncomingMessage,
     AbstractRobustChannel,
     AbstractRobustConnection,
-    AbstractRobustExchange,
 )
 
+from broker.core.auth import SECRET_FILE_ENV, MessageKey
 from broker.core.errors import ConfigError, ConnectionClosed, PublishError
 from broker.core.messages import DEFAULT_INLINE_LIMIT
 from broker.core.schemas import Message
-from broker.core.topology import DEAD_QUEUE_ARGS, WORK_QUEUES, Topology
-from broker.transports import amqp_queues
+from broker.core.topology import WORK_QUEUES, Topology
 from broker.transports.amqp_failover import CONNECT_ERRORS, connect_failover
 from broker.transports.amqp_inbox import (
     BROKER_ERRORS,
@@ -74,6 +84,13 @@ from broker.transports.amqp_inbox import (
     dead_letter_copy,
     watch_consumer,
 )
+from broker.transports.amqp_topology import (
+    declare_topology,
+    owns,
+    peek_queue,
+    purge_queue,
+    queue_depth,
+)
 from broker.transports.base import (
     DEFAULT_PUBLISH_TRIES,
     SUBSCRIBER_BACKLOG,
@@ -82,7 +99,6 @@ from broker.transports.base import (
     check_pattern,
     check_prefetch,
     check_queue,
-    encode,
     process_id,
     process_role,
     redact,
@@ -90,12 +106,14 @@ from broker.transports.base import (
 )
 from broker.transports.tls import ssl_context_from_env
 from broker.transports.urls import amqp_addresses
+from broker.transports.wire import EventDrops, encode
 
 if TYPE_CHECKING:
     from broker.core.blobstore import BlobStore
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
+T = TypeVar("T")
 
 
 class AmqpTransport:
@@ -106,8 +124,15 @@ class AmqpTransport:
         inline_limit: int = DEFAULT_INLINE_LIMIT, publish_tries: int = DEFAULT_PUBLISH_TRIES,
         backoff: float = 0.5, confirm_timeout: float = 30.0, reconnect_interval: float = 1.0,
         watch_interval: float = 1.0, cancel_grace: float = 30.0, service: str | None = None,
-        connect_timeout: float = 10.0,
+        connect_timeout: float = 10.0, secret: str | bytes | None = None,
+        insecure: bool = False,
     ) -> None:
+        if secret is None and not insecure:
+            raise ConfigError("secret", f"no secret to authenticate the messages of "
+                              f"{experiment!r} on {redact(url)}",
+                              f"set {SECRET_FILE_ENV} (or PODRACER_SECRET) to the "
+                              "experiment's secret; --insecure only on a broker that "
+                              "nobody untrusted can reach")
         if publish_tries < 1:
             raise ConfigError("publish_tries", f"must be >= 1, got {publish_tries}", "use 5")
         self._url = url
@@ -126,12 +151,17 @@ class AmqpTransport:
         self._publish_conn: AbstractRobustConnection | None = None
         self._consume_conn: AbstractRobustConnection | None = None
         self._channel: AbstractRobustChannel | None = None
-        self._events: AbstractRobustExchange | None = None
+        self._events: AbstractExchange | None = None
+        self._work: AbstractExchange | None = None
         self._lock = asyncio.Lock()
         self._inboxes: set[asyncio.Queue[InboxItem]] = set()
         self._closed = False
         self.service = service or service_label()
         """Who this is, in the ``x-podracer-service`` header of what it dead-letters."""
+        self.key = None if secret is None else MessageKey(secret, experiment)
+        """Signs what this transport sends and checks what it receives (None: insecure)."""
+        self.event_drops = EventDrops()
+        """Events dropped because they failed authentication or decoding."""
 
     @property
     def topology(self) -> Topology:
@@ -175,73 +205,57 @@ class AmqpTransport:
     # ------------------------------------------------------------ topology
 
     async def declare(self) -> None:
-        """Declare exchanges, work queues and dead-letter queues (idempotent).
-
-        Declared on the robust publish channel, so a reconnect re-declares them.
-        """
+        """Make sure the exchanges, work and dead-letter queues exist, creating what this
+        RabbitMQ user may (``broker.transports.amqp_topology``; idempotent)."""
         try:
             channel = await self._publisher()
-            self._events = await channel.declare_exchange(
-                self._topology.events, aio_pika.ExchangeType.TOPIC, durable=True)
-            dlx = await channel.declare_exchange(
-                self._topology.dlx, aio_pika.ExchangeType.DIRECT, durable=True)
-            for short in WORK_QUEUES:
-                # Not robust: a classic queue lives on one node, and re-declaring it on
-                # every reconnect would fail the whole reconnect (NOT_FOUND, "home node
-                # down") for as long as that node of a cluster is down. It is durable, so
-                # declaring it once per process is enough.
-                dead = await channel.declare_queue(
-                    self._topology.dead(short), durable=True, arguments=dict(DEAD_QUEUE_ARGS),
-                    robust=False)
-                await dead.bind(dlx, routing_key=self._topology.dead_routing_key(short),
-                                robust=False)
-                await channel.declare_queue(
-                    self._full(short), durable=True, arguments=self._topology.queue_args(short))
+            assert self._publish_conn is not None
+            await declare_topology(self._publish_conn, self._topology)
+            self._events = await channel.get_exchange(self._topology.events, ensure=False)
+            self._work = await channel.get_exchange(self._topology.work, ensure=False)
         except BROKER_ERRORS as exc:
             raise ConnectionClosed(f"declare failed: {exc or type(exc).__name__}") from None
 
     def _full(self, queue: str) -> str:
         return f"{self._topology.prefix}.{queue}"
 
-    def _queue_args(self, queue: str) -> dict[str, Any]:
-        if queue.endswith(".dead"):
-            return dict(DEAD_QUEUE_ARGS)
-        return self._topology.queue_args(queue)
-
     # ------------------------------------------------------------ publishing
 
     async def publish(self, queue: str, msg: Message) -> None:
         """Send ``msg`` to work queue ``queue``; returns once RabbitMQ confirmed it."""
         check_queue(queue, publish=True)
-        await self._send(msg, exchange=None, routing_key=self._full(queue))
+        await self._send(msg, exchange="work", routing_key=queue)
 
     async def publish_event(self, routing_key: str, msg: Message) -> None:
         """Send ``msg`` on the events exchange with ``routing_key`` (confirmed)."""
         await self._send(msg, exchange="events", routing_key=routing_key)
 
-    async def _send(self, msg: Message, *, exchange: str | None, routing_key: str) -> None:
-        body, content_type = await encode(msg, blobs=self.blobs, inline_limit=self.inline_limit)
+    async def _send(self, msg: Message, *, exchange: str, routing_key: str) -> None:
+        body, content_type, headers = await encode(msg, blobs=self.blobs, key=self.key,
+                                                   inline_limit=self.inline_limit)
         outgoing = aio_pika.Message(
-            body, content_type=content_type, delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            body, content_type=content_type, headers=dict(headers),
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             message_id=msg.id, type=msg.KIND, app_id="podracer",
             timestamp=datetime.datetime.fromtimestamp(msg.created, tz=datetime.UTC),
         )
         last: BaseException | None = None
         for attempt in range(self.publish_tries):
             try:
-                channel = await self._publisher()
-                if exchange is None:
-                    # mandatory: an unroutable work message (queue missing) is an error
-                    await channel.default_exchange.publish(
-                        outgoing, routing_key, mandatory=True, timeout=self.confirm_timeout)
-                else:
-                    if self._events is None:
-                        await self.declare()
-                    assert self._events is not None
-                    # an event nobody listens to is fine: not mandatory
-                    await self._events.publish(
-                        outgoing, routing_key, mandatory=False, timeout=self.confirm_timeout)
+                await self._publisher()
+                if self._events is None or self._work is None:
+                    await self.declare()
+                assert self._events is not None and self._work is not None
+                # mandatory for work: an unroutable work message (queue missing) is an
+                # error; an event nobody listens to is fine
+                target = self._work if exchange == "work" else self._events
+                await target.publish(outgoing, routing_key, mandatory=exchange == "work",
+                                     timeout=self.confirm_timeout)
                 return
+            except aiormq.exceptions.ChannelAccessRefused as exc:
+                # a permission does not come back by retrying (broker.runtime.users)
+                raise PublishError(f"{msg.KIND} {msg.id} to {routing_key}: refused by the "
+                                   f"broker: {exc}") from None
             except BROKER_ERRORS as exc:
                 if self._closed:
                     break
@@ -275,8 +289,13 @@ class AmqpTransport:
             channel = conn.channel(publisher_confirms=False)
             await channel.initialize()
             await channel.set_qos(prefetch_count=prefetch)
-            amqp_queue = await channel.declare_queue(
-                name, durable=True, arguments=self._queue_args(queue))
+            if queue in WORK_QUEUES and await owns(conn, self._topology, queue):
+                # robust declare and bind: a queue deleted under us comes back, routable
+                amqp_queue = await channel.declare_queue(
+                    name, durable=True, arguments=self._topology.queue_args(queue))
+                await amqp_queue.bind(self._topology.work, routing_key=queue)
+            else:  # declared by its owner (a pod may not: broker.transports.amqp_topology)
+                amqp_queue = await channel.declare_queue(name, passive=True)
             tag = await amqp_queue.consume(on_message)
         except BROKER_ERRORS as exc:
             raise ConnectionClosed(f"cannot consume {name}: {exc or type(exc).__name__}") from None
@@ -286,7 +305,7 @@ class AmqpTransport:
             interval=self.watch_interval, grace=self.cancel_grace))
         try:
             yield AmqpDeliveries(inbox, name, expect, self.blobs, self._topology.experiment,
-                                 self.dead_letter)
+                                 self.dead_letter, self.key)
         finally:
             self._inboxes.discard(inbox)
             watchdog.cancel()
@@ -317,17 +336,21 @@ class AmqpTransport:
     async def purge(self, queue: str) -> int:
         """Drop the ready messages of ``queue`` (0 if it does not exist)."""
         check_queue(queue)
-        return await amqp_queues.purge(await self._publish_connection(), self._full(queue))
+        return await self._inspect(f"purge({queue})", purge_queue, self._full(queue))
 
     async def peek_dead(self, queue: str, limit: int = 100) -> list[DeadLetterInfo]:
-        """Up to ``limit`` dead letters of ``queue``, left where they are."""
+        """Up to ``limit`` dead letters of ``queue``, left in place (``peek_queue``)."""
         dead = self._topology.dead(queue.removesuffix(".dead"))
-        return await amqp_queues.peek_dead(await self._publish_connection(), dead, limit)
+        return await self._inspect(f"peek_dead({queue})", peek_queue, dead, limit)
 
-    async def _publish_connection(self) -> AbstractRobustConnection:
-        await self._publisher()
-        assert self._publish_conn is not None
-        return self._publish_conn
+    async def _inspect(self, what: str, op: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``op(connection, *args)`` on a throwaway channel, broker errors translated."""
+        try:
+            await self._publisher()
+            assert self._publish_conn is not None
+            return await op(self._publish_conn, *args)
+        except BROKER_ERRORS as exc:
+            raise ConnectionClosed(f"{what} failed: {exc or type(exc).__name__}") from None
 
     # ------------------------------------------------------------ events
 
@@ -346,8 +369,7 @@ class AmqpTransport:
             conn = await self._consumer_conn()
             channel = conn.channel(publisher_confirms=False)
             await channel.initialize()
-            events = await channel.declare_exchange(
-                self._topology.events, aio_pika.ExchangeType.TOPIC, durable=True)
+            events = await channel.get_exchange(self._topology.events, ensure=False)
             # exclusive: it dies with the connection; aio-pika re-declares it on reconnect
             name = self._topology.subscriber(service or process_role(),
                                              f"{process_id()}.{uuid.uuid4().hex[:6]}")
@@ -361,7 +383,8 @@ class AmqpTransport:
             raise ConnectionClosed(f"cannot subscribe: {exc or type(exc).__name__}") from None
         self._inboxes.add(inbox)
         try:
-            yield AmqpEvents(inbox, self.blobs, self._topology.experiment)
+            yield AmqpEvents(inbox, self.blobs, self._topology.experiment, self.key,
+                             self.event_drops)
         finally:
             self._inboxes.discard(inbox)
             with suppress(*BROKER_ERRORS):
@@ -372,8 +395,7 @@ class AmqpTransport:
     async def queue_depth(self, queue: str) -> tuple[int, int]:
         """``(ready messages, consumers)`` of ``queue``; ``(0, 0)`` if it does not exist."""
         check_queue(queue)
-        return await amqp_queues.queue_depth(await self._publish_connection(),
-                                             self._full(queue))
+        return await self._inspect(f"queue_depth({queue})", queue_depth, self._full(queue))
 
     async def close(self) -> None:
         """Close both connections; consumers stop, unsettled deliveries are requeued."""

@@ -9,8 +9,9 @@ decode, and hand out :class:`AmqpDelivery` objects (work queues) or messages (ev
   redelivers them); settling one whose channel died logs a warning instead of raising.
 - Acking a claim-checked delivery deletes its blob (a dead-lettered one keeps it).
   :func:`dead_letter_copy` is what the transport publishes to refuse one.
-- Undecodable work messages are dead-lettered, undecodable events dropped, each with
-  one warning line.
+- Work messages that fail authentication (``x-podracer-mac``) or decoding are
+  dead-lettered with the reason, one warning line each; such events are dropped and
+  counted (``EventDrops``, rate-limited warnings).
 - A subscription's inbox is an :class:`EventInbox`: bounded like the server-side queue
   (``SUBSCRIBER_BACKLOG``, drop-head). Its consumer is no-ack, so the server pushes as
   fast as events come; a subscriber that reads slower than that loses its oldest events
@@ -38,14 +39,11 @@ from broker.core.errors import ConnectionClosed, MessageError
 from broker.core.messages import CLAIM_CONTENT_TYPE, claim_of
 from broker.core.schemas import Message
 from broker.core.topology import WORK_QUEUES, Topology
-from broker.transports.base import (
-    BROKER_DEATH_HEADERS,
-    Delivery,
-    dead_letter_headers,
-    decode,
-)
+from broker.transports.base import BROKER_DEATH_HEADERS, Delivery, dead_letter_headers
+from broker.transports.wire import EventDrops, decode
 
 if TYPE_CHECKING:
+    from broker.core.auth import MessageKey
     from broker.core.blobstore import BlobStore
 
 log = logging.getLogger(__name__)
@@ -128,8 +126,9 @@ class AmqpDeliveries(Generic[M]):
 
     def __init__(self, inbox: asyncio.Queue[InboxItem], name: str, expect: type[M],
                  blobs: BlobStore | None, experiment: str,
-                 dead_letter: DeadLetter | None = None) -> None:
+                 dead_letter: DeadLetter | None = None, key: MessageKey | None = None) -> None:
         self._inbox = inbox
+        self._key = key
         self._dead_letter = dead_letter
         self._name = name
         self._expect = expect
@@ -150,7 +149,8 @@ class AmqpDeliveries(Generic[M]):
                 continue
             try:
                 message = await decode(raw.body, raw.content_type, blobs=self._blobs,
-                                       expect=self._expect, experiment=self._experiment)
+                                       expect=self._expect, experiment=self._experiment,
+                                       key=self._key, headers=raw.headers)
             except asyncio.CancelledError:
                 self._pending = raw  # not handed out yet: keep it for the next call
                 raise
@@ -170,10 +170,13 @@ class AmqpEvents:
     """Async iterator over a subscription; undecodable events are dropped (logged)."""
 
     def __init__(self, inbox: asyncio.Queue[InboxItem], blobs: BlobStore | None,
-                 experiment: str) -> None:
+                 experiment: str, key: MessageKey | None = None,
+                 drops: EventDrops | None = None) -> None:
         self._inbox = inbox
         self._blobs = blobs
         self._experiment = experiment
+        self._key = key
+        self._drops = drops if drops is not None else EventDrops()
 
     def __aiter__(self) -> AmqpEvents:
         return self
@@ -183,10 +186,10 @@ class AmqpEvents:
             raw = await take(self._inbox)
             try:
                 return await decode(raw.body, raw.content_type, blobs=self._blobs,
-                                    experiment=self._experiment)
+                                    experiment=self._experiment, key=self._key,
+                                    headers=raw.headers)
             except MessageError as exc:
-                log.warning("dropped event %r (%r): %s", raw.message_id or "?",
-                            raw.routing_key, exc)
+                self._drops.count(log, raw.message_id or "?", raw.routing_key, exc)
 
 
 class EventInbox(asyncio.Queue[InboxItem]):

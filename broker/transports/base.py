@@ -41,6 +41,10 @@ Contract (both transports, proven by ``tests/broker/test_contract.py``):
   the broker itself (delivery limit) carries RabbitMQ's own ``x-death`` instead.
   ``peek_dead`` lists dead letters without consuming them; ``purge`` drops the ready
   messages of a queue (what ``podracer`` does with rounds nobody will train).
+- Every message is signed with the experiment's secret (``x-podracer-mac``,
+  ``broker.core.auth``) and checked on receipt before it is decoded: a work message
+  that fails is dead-lettered like any other ``MessageError`` (the reason names the
+  MAC), an event is dropped and counted (``event_drops``).
 - Events are best-effort fan-out on a topic exchange: ``publish_event`` with a routing
   key such as ``heartbeat.<pod>``; ``subscribe`` with patterns where ``*`` matches one
   dot-separated word and ``#`` zero or more. A subscriber sees only events published
@@ -58,7 +62,6 @@ Contract (both transports, proven by ``tests/broker/test_contract.py``):
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime
 import os
@@ -67,23 +70,13 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from broker.core.errors import ConfigError
-from broker.core.messages import (
-    CLAIM_CONTENT_TYPE,
-    decode_message,
-    encode_message,
-    refers,
-)
 from broker.core.schemas import Message
 from broker.core.topology import DEAD_QUEUES, WORK_QUEUES, Topology
 
-if TYPE_CHECKING:
-    from broker.core.blobstore import BlobStore
-
 M = TypeVar("M", bound=Message, covariant=True)
-T = TypeVar("T", bound=Message)
 
 DEFAULT_PUBLISH_TRIES = 8
 """How many times ``publish`` tries before it raises ``PublishError`` (backoff 0.5 s doubling,
@@ -309,59 +302,6 @@ def redact(url: str) -> str:
     creds, _, host = rest.rpartition("@")
     user = creds.split(":", 1)[0]
     return f"{head}://{user}:***@{host}"
-
-
-# ------------------------------------------------------------------ shared helpers
-
-OFFLOAD_BYTES = 64 * 1024
-"""Encode/decode work above about this many bytes runs in a thread, off the event loop."""
-
-
-def payload_bytes(msg: Message) -> int:
-    """Bytes of tensor payload carried by ``msg`` (0 for messages without ``state``)."""
-    state = getattr(msg, "state", None)
-    if not isinstance(state, dict):
-        return 0
-    return sum(int(t.nbytes) for t in state.values() if hasattr(t, "nbytes"))
-
-
-async def encode(
-    msg: Message, *, blobs: BlobStore | None, inline_limit: int
-) -> tuple[bytes, str]:
-    """``broker.core.messages.encode_message`` — in a thread when the payload is large.
-
-    Large messages are packed (and maybe written to the blob store) off the event loop
-    so heartbeats keep flowing while a checkpoint is serialized.
-    """
-    if payload_bytes(msg) > OFFLOAD_BYTES:
-        return await asyncio.to_thread(encode_message, msg, blobs=blobs,
-                                       inline_limit=inline_limit)
-    return encode_message(msg, blobs=blobs, inline_limit=inline_limit)
-
-
-async def decode(
-    body: bytes, content_type: str | None, *, blobs: BlobStore | None,
-    expect: type[T] | None = None, experiment: str | None = None,
-) -> T:
-    """``broker.core.messages.decode_message`` — in a thread for large bodies or claim checks.
-
-    ``expect=None`` accepts any kind (events).
-
-    Raises only ``MessageError`` subclasses for bad input (the caller dead-letters).
-    """
-    # a small claim-check body, or one that refers to its state, still means reading
-    # and unpacking a large blob
-    if len(body) > OFFLOAD_BYTES or content_type == CLAIM_CONTENT_TYPE or (
-            blobs is not None and refers(expect)):
-        return await asyncio.to_thread(_decode, body, content_type, blobs, expect, experiment)
-    return _decode(body, content_type, blobs, expect, experiment)
-
-
-def _decode(body: bytes, content_type: str | None, blobs: BlobStore | None,
-            expect: type[T] | None, experiment: str | None) -> T:
-    message = decode_message(body, content_type, blobs=blobs, expect=expect,
-                             experiment=experiment)
-    return message  # type: ignore[return-value]
 
 
 def check_pattern(pattern: str) -> str:

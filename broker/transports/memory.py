@@ -1,10 +1,9 @@
 """In-process transport with RabbitMQ's semantics, for unit tests and single-process runs.
 
-A :class:`MemoryBroker` (``broker.transports.memory_hub``) is the hub, the "server":
-pass the same instance to every ``connect("memory://", memory=hub)`` that should see
-each other's messages. It holds no global state, so tests stay isolated. Messages are
-encoded with the real codec (``broker.core.messages``), so memory mode exercises the
-wire format and the claim check.
+A :class:`MemoryBroker` is the hub (the "server"): pass the same instance to every
+``connect("memory://", memory=hub)`` that should see each other's messages. It holds
+no global state, so tests stay isolated. Messages are encoded with the real codec
+(``broker.core.messages``), so memory mode exercises the wire format and the claim check.
 
 Semantics mirrored from the AMQP transport: FIFO per queue, prefetch, ack, nack with
 requeue (redelivered, counted; past ``DELIVERY_LIMIT`` returns the message is
@@ -23,6 +22,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from broker.core.auth import MessageKey
 from broker.core.errors import ConnectionClosed, MessageError
 from broker.core.messages import DEFAULT_INLINE_LIMIT
 from broker.core.schemas import Message
@@ -34,20 +34,19 @@ from broker.transports.base import (
     check_prefetch,
     check_queue,
     dead_letter_headers,
-    decode,
     describe_dead,
-    encode,
     service_label,
 )
 from broker.transports.memory_hub import Envelope, HubQueue, MemoryBroker
-
-__all__ = ["MemoryBroker", "MemoryDelivery", "MemoryTransport"]
+from broker.transports.wire import EventDrops, decode, encode
 
 if TYPE_CHECKING:
     from broker.core.blobstore import BlobStore
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
+__all__ = ["Envelope", "MemoryBroker", "MemoryDelivery", "MemoryTransport"]
+
 
 class MemoryDelivery(Generic[M]):
     """A delivery from a memory queue; settle it exactly once."""
@@ -111,7 +110,8 @@ class _Consumer:
             try:
                 message = await decode(envelope.body, envelope.content_type,
                                        blobs=self.transport.blobs, expect=self.expect,
-                                       experiment=self.transport.topology.experiment)
+                                       experiment=self.transport.topology.experiment,
+                                       key=self.transport.key, headers=envelope.headers)
             except MessageError as exc:
                 log.warning("dead-lettered message %r from %s: %s",
                             envelope.message_id, self.queue.name, exc)
@@ -182,11 +182,10 @@ class _Deliveries(Generic[M]):
 class _Events:
     """Async iterator over a subscriber inbox; undecodable events are dropped (logged)."""
 
-    def __init__(self, inbox: asyncio.Queue[Envelope | None], blobs: BlobStore | None,
-                 experiment: str) -> None:
+    def __init__(self, inbox: asyncio.Queue[Envelope | None], transport: MemoryTransport
+                 ) -> None:
         self._inbox = inbox
-        self._blobs = blobs
-        self._experiment = experiment
+        self._transport = transport
 
     def __aiter__(self) -> _Events:
         return self
@@ -197,19 +196,25 @@ class _Events:
             if envelope is None:  # the transport closed; stay stopped
                 self._inbox.put_nowait(None)
                 raise StopAsyncIteration
+            t = self._transport
             try:
-                return await decode(envelope.body, envelope.content_type, blobs=self._blobs,
-                                    experiment=self._experiment)
+                return await decode(envelope.body, envelope.content_type, blobs=t.blobs,
+                                    experiment=t.topology.experiment, key=t.key,
+                                    headers=envelope.headers)
             except MessageError as exc:
-                log.warning("dropped event %r: %s", envelope.message_id, exc)
+                t.event_drops.count(log, envelope.message_id, envelope.kind, exc)
 
 
 class MemoryTransport:
-    """A :class:`broker.transports.base.Transport` on a :class:`MemoryBroker` hub."""
+    """A :class:`broker.transports.base.Transport` on a :class:`MemoryBroker` hub; it signs
+    and checks with ``secret`` (default: the hub's)."""
 
     def __init__(self, hub: MemoryBroker, *, experiment: str, blobs: BlobStore | None = None,
-                 inline_limit: int = DEFAULT_INLINE_LIMIT, service: str | None = None) -> None:
+                 inline_limit: int = DEFAULT_INLINE_LIMIT, service: str | None = None,
+                 secret: str | bytes | None = None) -> None:
         self.hub = hub
+        self.key = MessageKey(hub.secret if secret is None else secret, experiment)
+        self.event_drops = EventDrops()
         self.service = service or service_label()
         self.blobs = blobs
         self.inline_limit = inline_limit
@@ -246,16 +251,19 @@ class MemoryTransport:
         """Encode ``msg`` and append it to work queue ``queue``."""
         check_queue(queue, publish=True)
         self._check_open()
-        body, content_type = await encode(msg, blobs=self.blobs, inline_limit=self.inline_limit)
+        body, content_type, headers = await encode(msg, blobs=self.blobs, key=self.key,
+                                                   inline_limit=self.inline_limit)
         await self.declare()
-        await self.hub.put(self._full(queue), Envelope(body, content_type, msg.id, msg.KIND))
+        await self.hub.put(self._full(queue), Envelope(body, content_type, msg.id, msg.KIND,
+                                                        headers=headers))
 
     async def publish_event(self, routing_key: str, msg: Message) -> None:
         """Encode ``msg`` and fan it out to matching subscribers."""
         self._check_open()
-        body, content_type = await encode(msg, blobs=self.blobs, inline_limit=self.inline_limit)
+        body, content_type, headers = await encode(msg, blobs=self.blobs, key=self.key,
+                                                   inline_limit=self.inline_limit)
         self.hub.fan_out(self._topology.events, routing_key,
-                         Envelope(body, content_type, msg.id))
+                         Envelope(body, content_type, msg.id, msg.KIND, headers=headers))
 
     @asynccontextmanager
     async def consume(
@@ -288,7 +296,7 @@ class MemoryTransport:
         self._inboxes.add(inbox)
 
         try:
-            yield _Events(inbox, self.blobs, self._topology.experiment)
+            yield _Events(inbox, self)
         finally:
             self._inboxes.discard(inbox)
             self.hub.remove_subscriber(inbox)

@@ -1,10 +1,7 @@
-"""The hub of the in-process transport: the "server" that memory transports share.
+"""The hub of the in-process transport: queues, envelopes and topic fan-out.
 
-It holds the queues (ready messages in FIFO order, a consumer count, a condition to
-wake consumers) and the event subscribers with their patterns; the client side
-(prefetch, settling, redelivery, dead-lettering decisions) is
-``broker.transports.memory``. No global state: one hub per test or process, used from
-one event loop.
+``broker.transports.memory`` builds transports on a :class:`MemoryBroker`; this module
+holds what the hub itself keeps (one per test or process, never global).
 """
 
 from __future__ import annotations
@@ -14,6 +11,7 @@ import dataclasses
 from collections import deque
 from typing import Any
 
+from broker.core.auth import new_secret
 from broker.transports.base import SUBSCRIBER_BACKLOG, topic_matches
 
 
@@ -42,9 +40,13 @@ class HubQueue:
 
 
 class MemoryBroker:
-    """The in-process hub shared by memory transports (one per test or process)."""
+    """The in-process hub shared by memory transports (one per test or process).
 
-    def __init__(self) -> None:
+    ``secret`` is what its transports sign with unless given their own; by default a
+    fresh random one, so an embedded run is authenticated with nothing to configure."""
+
+    def __init__(self, secret: str | bytes | None = None) -> None:
+        self.secret: str | bytes = secret if secret is not None else new_secret()
         self._queues: dict[str, HubQueue] = {}
         self._subscribers: list[tuple[str, tuple[str, ...], asyncio.Queue[Envelope | None]]] = []
 

@@ -32,6 +32,7 @@ import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
 from broker.core import codec
+from broker.core.auth import HEADER_MAC, SECRET_FILE_ENV, MessageKey, secret_from_env
 from broker.core.errors import BrokerError, ConfigError, ConnectionClosed, PublishError
 from broker.core.messages import CLAIM_CONTENT_TYPE, encode_message
 from broker.core.schemas import Scale, Stop
@@ -99,9 +100,14 @@ class InUse(BrokerError):
 class SyncClient:
     """Blocking client of one experiment's broker objects; use as a context manager."""
 
-    def __init__(self, url: str, experiment: str, *, timeout: float = 10.0) -> None:
-        """Validate ``url`` and ``experiment`` (``ConfigError``); connect lazily."""
+    def __init__(self, url: str, experiment: str, *, timeout: float = 10.0,
+                 secret: str | bytes | None = None, insecure: bool = False) -> None:
+        """Validate ``url`` and ``experiment`` (``ConfigError``); connect lazily. ``secret``
+        (default: ``PODRACER_SECRET_FILE``/``PODRACER_SECRET``) signs what it publishes;
+        ``insecure`` publishes without a MAC when there is none."""
         self.topology = Topology(experiment)
+        self._secret = secret
+        self._insecure = insecure
         self._params = [_parameters(address, timeout) for address in amqp_addresses(url)]
         self._connection: pika.BlockingConnection | None = None
         self._chan: BlockingChannel | None = None
@@ -190,7 +196,9 @@ class SyncClient:
                               f"serves {self.topology.experiment!r}", "build it for this one")
         routing_key = "control.stop" if isinstance(msg, Stop) else "control.scale"
         body, content_type = encode_message(msg, blobs=None)
+        key = self._key()
         props = pika.BasicProperties(
+            headers={HEADER_MAC: key.sign(content_type, body)} if key else None,
             content_type=content_type, delivery_mode=pika.DeliveryMode.Persistent,
             message_id=msg.id, type=msg.KIND, timestamp=int(msg.created), app_id="podracer",
         )
@@ -212,6 +220,16 @@ class SyncClient:
         raise PublishError(f"{routing_key} {msg.id}: not confirmed after {PUBLISH_TRIES} tries")
 
     # ------------------------------------------------------------------ plumbing
+
+    def _key(self) -> MessageKey | None:
+        secret = self._secret if self._secret is not None else secret_from_env()
+        if secret is None:
+            if self._insecure:
+                return None
+            raise ConfigError("secret", "no secret to sign the control message with",
+                              f"set {SECRET_FILE_ENV} (or PODRACER_SECRET) to the "
+                              "experiment's secret")
+        return MessageKey(secret, self.topology.experiment)
 
     def _resolve(self, name: str) -> str:
         prefix = self.topology.prefix + "."

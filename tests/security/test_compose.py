@@ -1,4 +1,10 @@
-"""docker-compose.yml ships no default credentials and exposes nothing beyond localhost."""
+"""docker-compose.yml ships no default credentials and exposes nothing beyond localhost.
+
+The stack file (docker-compose.yml, also what ``docker stack deploy`` reads) publishes
+no port at all; docker-compose.override.yml, which only ``docker compose`` reads,
+publishes the broker on localhost. Each service logs in as its role's user and gets
+the experiment's secret as a Docker secret.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +20,11 @@ import pytest
 import yaml
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
+OVERRIDE = COMPOSE.with_name("docker-compose.override.yml")
+ROLE_ENV = {f"PODRACER_{role}_{what}": f"{role.lower()}-{what.lower()}-for-test"
+            for role in ("POD", "GENERATOR", "UPDATER", "ORCHESTRATOR", "OPERATOR")
+            for what in ("USER", "PASSWORD")}
+"""What ``podracer users env`` puts in compose's .env (values made up)."""
 REQUIRED = re.compile(r"\$\{(?P<var>[A-Z][A-Z0-9_]*):\?[^}]+\}")
 """``${VAR:?message}``: compose refuses to start when VAR is unset or empty."""
 WITH_DEFAULT = re.compile(r"\$\{(?P<var>[A-Z][A-Z0-9_]*):?-(?P<default>[^}]*)\}")
@@ -54,18 +65,32 @@ def test_broker_credentials_come_from_required_variables(compose: dict[str, Any]
         assert REQUIRED.fullmatch(env[name]), f"{name}={env[name]!r} is not ${{VAR:?...}}"
 
 
-def test_services_reach_the_broker_with_the_same_required_credentials(
+def test_services_reach_the_broker_as_their_role_with_required_credentials(
     compose: dict[str, Any],
 ) -> None:
+    roles = {"updater": "UPDATER", "generator": "GENERATOR", "orchestrator": "ORCHESTRATOR",
+             "pod": "POD", "pod-gpu": "POD", "users": "RABBITMQ"}
     for name, service in compose["services"].items():
         url = environment(service).get("PODRACER_BROKER")
-        if url is None:
+        if name == "rabbitmq":
             continue
+        assert url is not None, f"{name} has no PODRACER_BROKER"
         match = re.fullmatch(r"amqps?://(?P<user>\$\{[^}]*\}|[^:@]*)"
                              r":(?P<password>\$\{[^}]*\}|[^@]*)@.+", url)
         assert match, f"{name}: PODRACER_BROKER {url!r} carries no credentials"
-        assert REQUIRED.fullmatch(match["user"]), (name, match["user"])
-        assert REQUIRED.fullmatch(match["password"]), (name, match["password"])
+        for part in ("user", "password"):
+            required = REQUIRED.fullmatch(match[part])
+            assert required, (name, match[part])
+            assert required["var"].startswith(f"PODRACER_{roles[name]}_"), (name, match[part])
+
+
+def test_services_get_the_message_secret_as_a_docker_secret(compose: dict[str, Any]) -> None:
+    path = compose["secrets"]["podracer_secret"]["file"]
+    assert REQUIRED.fullmatch(path), path
+    for name in ("updater", "generator", "orchestrator", "pod", "pod-gpu"):
+        service = compose["services"][name]
+        assert "podracer_secret" in service["secrets"], name
+        assert environment(service)["PODRACER_SECRET_FILE"] == "/run/secrets/podracer_secret"
 
 
 def test_no_guest_account_or_literal_password_anywhere(compose: dict[str, Any]) -> None:
@@ -91,11 +116,14 @@ def default_host_ip(mapping: str) -> str:
     return parts[0] if len(parts) == 3 else "0.0.0.0"
 
 
-def test_management_and_amqp_ports_bind_to_localhost_by_default(
+def test_the_stack_publishes_no_port_and_compose_only_on_localhost(
     compose: dict[str, Any],
 ) -> None:
+    # a Swarm publishes on every node's 0.0.0.0 whatever host address is written
+    assert not any(published_ports(s) for s in compose["services"].values())
+    override: dict[str, Any] = yaml.safe_load(OVERRIDE.read_text())
     seen = {}
-    for name, service in compose["services"].items():
+    for name, service in override["services"].items():
         for mapping in published_ports(service):
             container_port = mapping.rsplit(":", 1)[-1]
             seen[container_port] = name
@@ -115,22 +143,24 @@ def compose_cli() -> str:
 def run_config(cli: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """``docker-compose config`` of the project file with exactly ``env`` (plus PATH)."""
     clean = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), **env}
-    return subprocess.run([cli, "-f", str(COMPOSE), "config"], capture_output=True,
-                          text=True, env=clean, timeout=60, check=False)
+    return subprocess.run([cli, "-f", str(COMPOSE), "-f", str(OVERRIDE), "config"],
+                          capture_output=True, text=True, env=clean, timeout=60, check=False)
 
 
 def test_compose_refuses_to_start_without_credentials(compose_cli: str) -> None:
-    missing = run_config(compose_cli, {})
-    assert missing.returncode != 0
-    assert "PODRACER_RABBITMQ_USER" in missing.stderr + missing.stdout
-    no_password = run_config(compose_cli, {"PODRACER_RABBITMQ_USER": "ops"})
-    assert no_password.returncode != 0
-    assert "PODRACER_RABBITMQ_PASSWORD" in no_password.stderr + no_password.stdout
+    complete = {"PODRACER_RABBITMQ_USER": "ops", "PODRACER_RABBITMQ_PASSWORD": "pw",
+                "PODRACER_SECRET_PATH": "/tmp/secret", **ROLE_ENV}
+    for name in ("PODRACER_RABBITMQ_USER", "PODRACER_RABBITMQ_PASSWORD", "PODRACER_POD_USER",
+                 "PODRACER_POD_PASSWORD", "PODRACER_SECRET_PATH"):
+        missing = run_config(compose_cli, {k: v for k, v in complete.items() if k != name})
+        assert missing.returncode != 0, name
+        assert name in missing.stderr + missing.stdout
 
 
 def test_compose_config_binds_published_ports_to_localhost(compose_cli: str) -> None:
     done = run_config(compose_cli, {"PODRACER_RABBITMQ_USER": "ops",
-                                    "PODRACER_RABBITMQ_PASSWORD": "s3cret-for-test"})
+                                    "PODRACER_RABBITMQ_PASSWORD": "s3cret-for-test",
+                                    "PODRACER_SECRET_PATH": "/tmp/secret", **ROLE_ENV})
     assert done.returncode == 0, done.stderr
     config = yaml.safe_load(done.stdout)
     published = {}

@@ -1,0 +1,123 @@
+"""``podracer users env|setup|remove``: one least-privilege RabbitMQ user per role.
+
+* ``env`` (no broker needed) prints ``PODRACER_<ROLE>_USER`` / ``_PASSWORD`` lines with
+  fresh passwords, for a compose ``.env`` file; with ``--secret-file`` it also writes
+  the experiment's message secret there (if absent) and prints
+  ``PODRACER_SECRET_PATH`` (the file compose hands the services as a Docker secret).
+* ``setup`` (as a RabbitMQ administrator) creates or resets ``podracer-<exp>-<role>``
+  for each role (``broker.runtime.users`` says what each may do) and prints one broker
+  URL per role; ``--passwords-from-env`` takes the passwords from the
+  ``PODRACER_<ROLE>_PASSWORD`` variables (what compose's one-shot ``users`` service
+  does with the ``.env`` that ``env`` wrote), else it makes new ones.
+* ``remove`` deletes the users.
+
+    podracer users env --experiment pendulum --secret-file podracer.secret > .env
+    podracer users setup --broker amqp://admin:PASS@127.0.0.1:5672/ --experiment pendulum
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from broker.core.errors import ConfigError
+from broker.core.topology import check_experiment
+
+_ROLE_NAMES = "pod,generator,updater,orchestrator,operator"
+
+
+def _roles(args: argparse.Namespace) -> tuple[str, ...]:
+    from broker.runtime.users import ROLES
+
+    roles = tuple(r.strip() for r in (args.roles or ",".join(ROLES)).split(",") if r.strip())
+    for role in roles:
+        if role not in ROLES:
+            raise ConfigError("--roles", f"unknown role {role!r}", f"use {', '.join(ROLES)}")
+    return roles
+
+
+def _broker(args: argparse.Namespace) -> str:
+    broker: str | None = args.broker or os.environ.get("PODRACER_BROKER")
+    if not broker or not broker.startswith(("amqp://", "amqps://")):
+        raise ConfigError("--broker", f"`podracer users {args.verb}` needs the RabbitMQ URL "
+                          "of an administrator", "pass --broker amqp://admin:pass@host:5672/")
+    return broker
+
+
+def _variable(role: str, what: str) -> str:
+    return f"PODRACER_{role.upper()}_{what}"
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    """Print user and fresh password variables per role (and write the secret file)."""
+    from broker.core.auth import write_secret_file
+    from broker.runtime.users import new_password, user_name
+
+    experiment = check_experiment(args.experiment)
+    print(f"PODRACER_EXPERIMENT={experiment}")
+    for role in _roles(args):
+        print(f"{_variable(role, 'USER')}={user_name(experiment, role)}")
+        print(f"{_variable(role, 'PASSWORD')}={new_password()}")
+    if args.secret_file:
+        path = Path(args.secret_file)
+        if not path.exists():
+            write_secret_file(path)
+        print(f"PODRACER_SECRET_PATH={path.resolve()}")
+    return 0
+
+
+def cmd_setup(args: argparse.Namespace) -> int:
+    """Create or reset the users and print their broker URLs."""
+    from broker.runtime.lifecycle import Management
+    from broker.runtime.users import role_url, setup_users
+
+    broker, experiment, roles = _broker(args), check_experiment(args.experiment), _roles(args)
+    passwords = None
+    if args.passwords_from_env:
+        missing = [_variable(r, "PASSWORD") for r in roles
+                   if not os.environ.get(_variable(r, "PASSWORD"))]
+        if missing:
+            raise ConfigError(missing[0], "not set (--passwords-from-env)",
+                              "write them with `podracer users env` into compose's .env")
+        passwords = {r: os.environ[_variable(r, "PASSWORD")] for r in roles}
+    made = setup_users(Management.of(broker, args.management), experiment, roles, passwords)
+    for creds in made:
+        print(f"{creds.role:<13} {role_url(broker, creds)}")
+    return 0
+
+
+def cmd_remove(args: argparse.Namespace) -> int:
+    """Delete the users."""
+    from broker.runtime.lifecycle import Management
+    from broker.runtime.users import remove_users
+
+    broker, experiment, roles = _broker(args), check_experiment(args.experiment), _roles(args)
+    removed = remove_users(Management.of(broker, args.management), experiment, roles)
+    print(f"podracer: removed {len(removed)} user(s): {', '.join(removed) or 'none'}")
+    return 0
+
+
+def add_command(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Register ``podracer users``."""
+    users = sub.add_parser("users", help="least-privilege RabbitMQ users, one per role")
+    verbs = users.add_subparsers(dest="verb", required=True)
+    for verb, func, text in (
+            ("env", cmd_env, "print user/password variables for compose (no broker)"),
+            ("setup", cmd_setup, "create or reset the users; print their broker URLs"),
+            ("remove", cmd_remove, "delete the users")):
+        p = verbs.add_parser(verb, help=text)
+        p.add_argument("--experiment", required=True, help="experiment name")
+        p.add_argument("--roles", help=f"comma-separated subset of {_ROLE_NAMES}")
+        if verb == "env":
+            p.add_argument("--secret-file", help="write a new message secret here if absent")
+        else:
+            p.add_argument("--management", help="management API base URL (default "
+                                                "http://<broker host>:15672)")
+        if verb == "setup":
+            p.add_argument("--passwords-from-env", action="store_true",
+                           help="passwords from PODRACER_<ROLE>_PASSWORD (podracer users env)")
+        common(p)
+        p.set_defaults(func=func)

@@ -1,0 +1,132 @@
+"""Least privilege on a real RabbitMQ: each role's user does its job and nothing else.
+
+Users are made by ``setup_users`` (what ``podracer users setup`` calls) for a fresh
+experiment and deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "broker"))
+from transport_helpers import make_checkpoint, make_init, next_within
+
+from broker.core.errors import ConnectionClosed, PublishError
+from broker.core.schemas import Checkpoint, Heartbeat, Initialization, Stop
+from broker.runtime.lifecycle import Management
+from broker.runtime.users import (
+    ROLES,
+    remove_users,
+    role_permissions,
+    role_url,
+    setup_users,
+)
+from broker.transports.connect import connect
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(90)]
+
+
+@pytest.fixture
+def urls(amqp_url: str, experiment: str) -> Iterator[dict[str, str]]:
+    """Broker URL per role for ``experiment``; the users are removed afterwards."""
+    management = Management.of(amqp_url)
+    made = setup_users(management, experiment)
+    try:
+        yield {c.role: role_url(amqp_url, c) for c in made}
+    finally:
+        assert len(remove_users(management, experiment)) == len(ROLES)
+
+
+def test_permissions_name_only_this_experiment() -> None:
+    pod = role_permissions("ant", "pod")
+    assert pod.configure == r"^(podracer\.ant\.events\.pod\..+)$"
+    assert "updater" not in pod.read and r"podracer\.ant\.generator" in pod.read
+    assert pod.work_write == "^updater$" and pod.events_read == r"^control\.stop$"
+    assert "amq" not in pod.write  # the default exchange reaches every queue
+
+
+async def test_each_role_does_its_job_and_a_pod_nothing_else(
+        urls: dict[str, str], experiment: str) -> None:
+    async with connect(urls["updater"], experiment=experiment) as updater, \
+            connect(urls["generator"], experiment=experiment) as generator, \
+            connect(urls["pod"], experiment=experiment) as pod, \
+            connect(urls["orchestrator"], experiment=experiment) as orchestrator, \
+            connect(urls["operator"], experiment=experiment) as operator:
+        # the pod's own path: take a round, send its checkpoint and heartbeat
+        init = make_init(experiment, seed=3)
+        await generator.publish("generator", init)
+        # subscriber queues are named after the service that reads them (its user's)
+        async with operator.subscribe(["heartbeat.*"], service="status") as beats, \
+                pod.subscribe(["control.stop"], service="pod") as stops:
+            async with pod.consume("generator", prefetch=1, expect=Initialization) as inbox:
+                delivery = await next_within(inbox)
+                assert delivery.message.id == init.id
+                checkpoint = make_checkpoint(experiment)
+                await pod.publish("updater", checkpoint)
+                await delivery.ack()
+            beat = Heartbeat(experiment=experiment, pod="pod-1")
+            await pod.publish_event("heartbeat.pod-1", beat)
+            assert (await next_within(beats)).id == beat.id
+            # a pod may not stop the run, feed rounds, or read checkpoints
+            with pytest.raises(PublishError, match="ACCESS_REFUSED"):
+                await pod.publish_event("control.stop", Stop(experiment=experiment,
+                                                             reason="forged"))
+            with pytest.raises(PublishError, match="ACCESS_REFUSED"):
+                await pod.publish("generator", make_init(experiment))
+            with pytest.raises(ConnectionClosed, match="ACCESS_REFUSED"):
+                async with pod.consume("updater", prefetch=1, expect=Checkpoint):
+                    pass
+            with pytest.raises(ConnectionClosed, match="ACCESS_REFUSED"):
+                async with pod.subscribe(["leaderboard.changed"], service="pod"):
+                    pass
+            # a refusal closes only that channel: the pod goes on with its own work
+            again = Heartbeat(experiment=experiment, pod="pod-1", status="training")
+            await pod.publish_event("heartbeat.pod-1", again)
+            assert (await next_within(beats)).id == again.id
+            # ... while the orchestrator may stop it, and the pod hears that
+            await orchestrator.publish_event("control.stop", Stop(experiment=experiment,
+                                                                  reason="target"))
+            assert (await next_within(stops)).reason == "target"  # type: ignore[attr-defined]
+        async with updater.consume("updater", prefetch=1, expect=Checkpoint) as inbox:
+            got = await next_within(inbox)
+            assert got.message.id == checkpoint.id
+            await got.ack()
+
+
+def test_users_commands_as_documented(amqp_url: str, experiment: str, tmp_path: Path) -> None:
+    """``users env`` -> ``users setup --passwords-from-env`` -> the pod logs in with the
+    password from the env file -> ``users remove`` (docs/security.md)."""
+    import os
+    import subprocess
+
+    import pika
+
+    def podracer(*args: str, env: dict[str, str] | None = None) -> str:
+        done = subprocess.run([sys.executable, "-m", "podracer", "users", *args],
+                              capture_output=True, text=True, timeout=60,
+                              env={**os.environ, **(env or {})}, check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    secret = tmp_path / "podracer.secret"
+    lines = podracer("env", "--experiment", experiment, "--secret-file", str(secret))
+    env = dict(line.split("=", 1) for line in lines.splitlines())
+    assert env["PODRACER_EXPERIMENT"] == experiment
+    assert env["PODRACER_SECRET_PATH"] == str(secret.resolve())
+    assert secret.stat().st_mode & 0o777 == 0o600
+    assert env["PODRACER_POD_USER"] == f"podracer-{experiment}-pod"
+    try:
+        printed = podracer("setup", "--broker", amqp_url, "--experiment", experiment,
+                           "--passwords-from-env", env=env)
+        assert f":{env['PODRACER_POD_PASSWORD']}@" in printed
+        params = pika.URLParameters(amqp_url)
+        params.credentials = pika.PlainCredentials(env["PODRACER_POD_USER"],
+                                                   env["PODRACER_POD_PASSWORD"])
+        pika.BlockingConnection(params).close()
+    finally:
+        assert "removed 5 user(s)" in podracer("remove", "--broker", amqp_url,
+                                               "--experiment", experiment)
