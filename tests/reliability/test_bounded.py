@@ -128,19 +128,20 @@ def test_disk_use_stays_flat_over_a_thousand_checkpoints(
 
 
 @pytest.mark.rabbitmq
-async def test_a_claim_checked_blob_goes_once_its_message_is_acked(
+async def test_a_state_sent_by_reference_survives_acks_for_the_store(
     amqp_url: str, experiment: str, tmp_path: Path,
 ) -> None:
     from broker.core.blobstore import FileBlobStore
     from broker.core.schemas import Budget, Initialization
 
     blobs = FileBlobStore(tmp_path)
-    state = {"w": torch.randn(64, 64)}
     async with connect(amqp_url, experiment=experiment, blobs=blobs,
                        inline_limit=1024) as transport:
         await transport.declare()
+        # two states: blobs are content-addressed, one state would be one blob
         kept, acked = (Initialization(experiment=experiment, algorithm="ppo", env="torch/x",
-                                      hparams={}, budget=Budget(steps=1), seed=s, state=state)
+                                      hparams={}, budget=Budget(steps=1), seed=s,
+                                      state={"w": torch.randn(64, 64)})
                        for s in (1, 2))
         await transport.publish("generator", kept)
         await transport.publish("generator", acked)
@@ -153,4 +154,7 @@ async def test_a_claim_checked_blob_goes_once_its_message_is_acked(
             again = await asyncio.wait_for(anext(inbox), 10)
             assert again.message.id == first.message.id  # still readable
             await again.ack()
-    assert not [p for p in (tmp_path / "blobs").rglob("*") if p.is_file()]
+    # a state travels by reference to its blob, which is the leaderboard's copy too (the
+    # updater stores the reference, it writes nothing): an ack leaves it for the store's
+    # retention (leaderboard.store.prune), it does not delete it
+    assert len([p for p in (tmp_path / "blobs").rglob("*") if p.is_file()]) == 2
