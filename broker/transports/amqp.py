@@ -1,7 +1,5 @@
 """RabbitMQ transport through aio-pika (see ``broker.transports.base`` for the contract).
 
-Choices worth knowing:
-
 - Two robust connections: one for publishing (confirm channel, topology declares,
   queue-depth probes), one for consuming (one channel per ``consume``/``subscribe``,
   each with its own ``basic.qos``), so a slow consumer never throttles publishes.
@@ -14,13 +12,10 @@ Choices worth knowing:
   confirm timeout) is retried ``publish_tries`` times with exponential backoff, then
   raises ``PublishError``. A retry after a lost confirm may duplicate a message:
   handlers are idempotent by message id, by design.
-- A consumer the server cancels (queue deleted, leader moved, connection dropped) is
-  restored by aio-pika's robust channel. A watchdog
-  (``broker.transports.amqp_inbox.watch_consumer``)
-  checks every ``watch_interval`` seconds that our consumer tag is live while the
-  connection is up; if it stays gone for ``cancel_grace`` seconds the iterator raises
-  ``ConnectionClosed`` so the service exits and its supervisor restarts it: never a
-  silent stall.
+- A consumer the server cancels is restored by aio-pika's robust channel; a watchdog
+  (``amqp_inbox.watch_consumer``) raises ``ConnectionClosed`` if our consumer tag stays
+  gone for ``cancel_grace`` seconds while connected, so the supervisor restarts the
+  service: never a silent stall.
 - Deliveries and their iterators live in ``broker.transports.amqp_inbox``: those
   received on a channel that has since closed are dropped (the broker redelivers them).
 - aio-pika / aiormq exceptions (``broker.transports.amqp_inbox.BROKER_ERRORS``) never
@@ -33,20 +28,14 @@ Choices worth knowing:
   is nacked back to its queue. A crash in between can leave a copy in both places (at
   least once), never in neither. Dead-lettering by the broker itself (delivery limit)
   stays RabbitMQ's, with its ``x-death`` header.
-- Subscriber queues are exclusive and named ``podracer.<exp>.events.<role>.<host>-<pid>.<random>``
-  (``Topology.subscriber``), so the management UI says who reads each.
-- A URL may list the nodes of a cluster (``amqp://u:p@n1:5672,n2:5672,n3:5672/``, see
-  ``broker.transports.connect.amqp_addresses``). Each connection starts at a random node (spreading
-  clients over the cluster) and moves to the next node whenever an attempt fails or the
-  connection drops (``broker.transports.amqp_failover``); every attempt is bounded by
-  ``connect_timeout``.
+- Subscriber queues are exclusive, named after their reader (``Topology.subscriber``).
+- A URL may list a cluster's nodes (``broker.transports.urls``); each connection starts
+  at a random node and moves on when an attempt fails or drops (``amqp_failover``).
 - Every message carries ``x-podracer-mac`` (``broker.core.auth``) and every received one
   is checked before it is decoded: a work message that fails is dead-lettered with the
   reason, an event dropped and counted (``event_drops``). Without a ``secret`` the
   transport refuses to start unless ``insecure`` (then it neither signs nor checks).
-- ``amqps://`` uses TLS; ``PODRACER_TLS_CA``, ``PODRACER_TLS_CERT`` and
-  ``PODRACER_TLS_KEY`` (file paths) configure the CA bundle and a client certificate
-  (``broker.transports.tls``).
+- ``amqps://`` uses TLS, configured by ``PODRACER_TLS_*`` (``broker.transports.tls``).
 """
 
 from __future__ import annotations
@@ -90,6 +79,7 @@ from broker.transports.amqp_topology import (
     peek_queue,
     purge_queue,
     queue_depth,
+    subscriber_queue,
 )
 from broker.transports.base import (
     DEFAULT_PUBLISH_TRIES,
@@ -365,20 +355,11 @@ class AmqpTransport:
         async def on_message(raw: AbstractIncomingMessage) -> None:
             await inbox.put(raw)
 
+        name = self._topology.subscriber(service or process_role(),
+                                         f"{process_id()}.{uuid.uuid4().hex[:6]}")
         try:
-            conn = await self._consumer_conn()
-            channel = conn.channel(publisher_confirms=False)
-            await channel.initialize()
-            events = await channel.get_exchange(self._topology.events, ensure=False)
-            # exclusive: it dies with the connection; aio-pika re-declares it on reconnect
-            name = self._topology.subscriber(service or process_role(),
-                                             f"{process_id()}.{uuid.uuid4().hex[:6]}")
-            queue = await channel.declare_queue(
-                name, exclusive=True,
-                arguments={"x-max-length": SUBSCRIBER_BACKLOG, "x-overflow": "drop-head"})
-            for pattern in checked:
-                await queue.bind(events, routing_key=pattern)
-            await queue.consume(on_message, no_ack=True)
+            channel = await subscriber_queue(await self._consumer_conn(), self._topology.events,
+                                             name, checked, on_message)
         except BROKER_ERRORS as exc:
             raise ConnectionClosed(f"cannot subscribe: {exc or type(exc).__name__}") from None
         self._inboxes.add(inbox)

@@ -21,16 +21,21 @@ fail every reconnect of a cluster client).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from typing import Any
 
 import aio_pika
 import aiormq
-from aio_pika.abc import AbstractChannel, AbstractRobustConnection
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractIncomingMessage,
+    AbstractRobustChannel,
+    AbstractRobustConnection,
+)
 
 from broker.core.topology import DEAD_QUEUE_ARGS, WORK_QUEUES, Topology
-from broker.transports.base import DeadLetterInfo, describe_dead
+from broker.transports.base import SUBSCRIBER_BACKLOG, DeadLetterInfo, describe_dead
 
 log = logging.getLogger(__name__)
 
@@ -187,3 +192,21 @@ async def peek_queue(conn: AbstractRobustConnection, name: str,
     except _MISSING:
         return []
     return letters
+
+
+async def subscriber_queue(conn: AbstractRobustConnection, events: str, name: str,
+                           patterns: Sequence[str],
+                           on_message: Callable[[AbstractIncomingMessage], Awaitable[None]],
+                           ) -> AbstractRobustChannel:
+    """A channel consuming the exclusive queue ``name`` bound to ``events`` with
+    ``patterns`` (it dies with the connection; aio-pika re-declares it on reconnect)."""
+    channel = conn.channel(publisher_confirms=False)
+    await channel.initialize()
+    exchange = await channel.get_exchange(events, ensure=False)
+    queue = await channel.declare_queue(
+        name, exclusive=True,
+        arguments={"x-max-length": SUBSCRIBER_BACKLOG, "x-overflow": "drop-head"})
+    for pattern in patterns:
+        await queue.bind(exchange, routing_key=pattern)
+    await queue.consume(on_message, no_ack=True)
+    return channel
