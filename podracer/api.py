@@ -116,17 +116,6 @@ def build_experiment(env: str | None, algos: Algos | None, budget: str | None,
                                                          default_strategies()))
 
 
-def _fresh_dir(base: Path) -> Path:
-    """``base``, or ``base-2``, ``base-3``...: a directory that holds no run yet."""
-    from podracer.train import has_run
-
-    out, n = base, 1
-    while has_run(out):
-        n += 1
-        out = base.with_name(f"{base.name}-{n}")
-    return out
-
-
 def train(env: str | None = None, algos: Algos | None = None, budget: str | None = None,
           target: float | None = None, *, pods: int | None = None, seed: int | None = None,
           round_budget: str | None = None, device: str | None = None,
@@ -149,6 +138,7 @@ def train(env: str | None = None, algos: Algos | None = None, budget: str | None
     from leaderboard.export import policy_from_store
     from leaderboard.store import LeaderboardStore
     from podracer.preflight import preflight
+    from podracer.run_dir import next_free
     from podracer.train import train as run_training
 
     exp = build_experiment(env, algos, budget, target, experiment=experiment, pods=pods,
@@ -157,7 +147,7 @@ def train(env: str | None = None, algos: Algos | None = None, budget: str | None
                         explicit_algos=algos is not None or experiment is not None)
     if checked.note:
         log.info("%s", checked.note)
-    run_dir = Path(out) if out is not None else _fresh_dir(Path("runs") / exp.name)
+    run_dir = Path(out) if out is not None else next_free(Path("runs") / exp.name)
     done = run_sync(lambda: run_training(checked.settings, run_dir, progress=progress))
     with LeaderboardStore(run_dir) as store:
         rows = store.top(checked.settings.experiment.top_k)

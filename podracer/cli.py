@@ -144,6 +144,7 @@ def _resume_args(args: argparse.Namespace) -> Path:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Run a tournament (embedded by default, separate processes with --broker)."""
+    from podracer.run_dir import next_free
     from podracer.train import DEFAULT_QUEUE_EXPIRY_S, has_run, train
 
     resume_dir = _resume_args(args) if args.resume else None
@@ -162,6 +163,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     settings = ready
     out = resume_dir or (Path(args.out) if args.out else Path("runs") / experiment.name)
+    if not (resume_dir or args.out or args.fresh):
+        # a repeated command starts a new run beside the earlier ones (as SB3 and CleanRL
+        # users expect); an explicit --out holding a run still stops (run_dir.check)
+        base, out = out, next_free(out)
+        if out != base:
+            print(f"podracer: {base} holds an earlier run (continue it with `podracer train "
+                  f"--resume {base}`); this run writes {out}", flush=True)
     expiry = (parse_duration(args.queue_expiry, "--queue-expiry") if args.queue_expiry
               else DEFAULT_QUEUE_EXPIRY_S)
     if args.fresh and has_run(out):

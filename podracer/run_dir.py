@@ -54,6 +54,15 @@ def check(out: Path, resume: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
+def next_free(base: Path) -> Path:
+    """``base``, or ``base-2``, ``base-3``...: the first of them that holds no run yet."""
+    out, n = base, 1
+    while has_run(out):
+        n += 1
+        out = base.with_name(f"{base.name}-{n}")
+    return out
+
+
 def read_sessions(out: Path) -> list[dict[str, Any]]:
     """The session records of the run in ``out`` (``[]`` if it has none or they are
     unreadable)."""
