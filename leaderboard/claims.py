@@ -252,9 +252,13 @@ class ClaimCheck:
             except BlobError:  # its state was pruned: nothing left to compare with
                 held = -math.inf
         if not mean > held:
-            raise ClaimRefused("id", f"round {checkpoint.init_id}'s result {checkpoint.id} is "
-                               f"stored already from pod {stored.pod} (measured {held:.6g}); "
-                               f"this one from pod {checkpoint.pod} measured {mean:.6g}")
+            # at least once: a round redelivered after its pod died is trained again, and
+            # its second result is no fault of the message; it is settled like a replay
+            log.info("checkpoint %s: round %s's result is stored already from pod %s "
+                     "(measured %.4g); this one from pod %s measured %.4g is dropped",
+                     checkpoint.id[:16], checkpoint.init_id[:16], stored.pod, held,
+                     checkpoint.pod, mean)
+            return Inserted(stored, False)
         log.warning("checkpoint %s: the result from pod %s (measured %.4g) replaces the one "
                     "from pod %s (measured %.4g)", checkpoint.id[:16], checkpoint.pod, mean,
                     stored.pod, held)

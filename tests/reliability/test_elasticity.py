@@ -30,6 +30,7 @@ from broker.transports.base import Transport
 from broker.transports.connect import connector
 from broker.transports.memory import MemoryBroker
 from leaderboard import updater as updater_service
+from leaderboard.claims import record_issued
 from leaderboard.store import LeaderboardStore
 from orchestrator.embedded import TaskScaler
 from orchestrator.policy import ScalingPolicy
@@ -97,6 +98,8 @@ async def _publish_rounds(rig: Rig) -> set[str]:
         init = Initialization(experiment=rig.settings.experiment.name, algorithm="ppo",
                               env=ENV, hparams=dict(PPO), budget=Budget(seconds=ROUND_S),
                               seed=seed)
+        with LeaderboardStore(rig.settings.store) as store:
+            record_issued(store, init)  # as the generator does (leaderboard.claims)
         await rig.transport.publish("generator", init)
         ids.add(init.id)
     return ids
