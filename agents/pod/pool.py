@@ -27,15 +27,20 @@ shared memory, with no copy through the broker:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import multiprocessing
 import time
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium
 import torch
 
 from broker.core.errors import ConfigError
+from envs.base import VecEnv
+
+log = logging.getLogger(__name__)
 
 DEFAULT_POOL_MIB = 256
 """Default byte budget of a node's pool (HalfCheetah: about 1.6M transitions)."""
@@ -127,7 +132,7 @@ class ExperiencePool:
               next_obs: torch.Tensor, terminated: torch.Tensor, writer: int) -> None:
         """Append ``N`` transitions (leading dim ``N``), overwriting the oldest when full."""
         n = int(reward.shape[0])
-        rows = (obs.detach().to("cpu", torch.float32),
+        rows: tuple[torch.Tensor, ...] = (obs.detach().to("cpu", torch.float32),
                 action.detach().reshape(n, -1).to("cpu", torch.float32),
                 reward.detach().to("cpu", torch.float32),
                 next_obs.detach().to("cpu", torch.float32),
@@ -198,3 +203,25 @@ class PoolReader:
         self.read += len(rows)
         self.skipped += lost
         return rows
+
+
+def node_pool(env: str, enabled: bool, mib: int,
+              make_env: Callable[[str, int], VecEnv]) -> ExperiencePool | None:
+    """The pool for the pods of this node (``None`` when ``enabled`` is false, or when the
+    env's actions are neither Box nor Discrete: then the pods train without one). One
+    env copy is built to read its spaces."""
+    if not enabled:
+        return None
+    probe = make_env(env, 1)
+    try:
+        obs_space, act_space = probe.single_observation_space, probe.single_action_space
+    finally:
+        probe.close()
+    try:
+        pool = ExperiencePool(env, obs_space, act_space, mib * 2**20)
+    except ConfigError as exc:
+        log.warning("no experience pool: %s", exc)
+        return None
+    log.info("experience pool for %s: %d transitions in %.0f MiB of shared memory", env,
+             pool.capacity, pool.nbytes / 2**20)
+    return pool

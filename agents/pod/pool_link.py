@@ -32,7 +32,7 @@ import torch
 
 from agents.base import Agent
 from agents.offpolicy import BoxActions, DiscreteActions, OffPolicyAgent
-from agents.pod.pool import ExperiencePool, PoolRows, PoolReader
+from agents.pod.pool import ExperiencePool, PoolReader, PoolRows
 from broker.core.errors import ConfigError
 from envs.base import AutoresetMode, StepResult, VecEnv
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+
 import gymnasium
 import numpy as np
 import pytest
