@@ -49,6 +49,7 @@ from agents.build import resolve
 from agents.pod.chain import Chain
 from agents.pod.continuity import ReplayCache, default_cache_bytes
 from agents.pod.pool import ExperiencePool, node_pool
+from agents.pod.pool_bridge import start_bridge
 from agents.pod.round import Progress
 from agents.pod.runner import (
     ProcessWorker,
@@ -361,6 +362,7 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
         pool = await asyncio.to_thread(node_pool, exp.env, exp.experience_pool, exp.pool_mib,
                                        make_env)
     runner = await asyncio.to_thread(make_worker, settings, registry, worker, pool)
+    bridge = await asyncio.to_thread(start_bridge, pool, settings.broker, exp.name)
     cache = cache if cache is not None else ReplayCache(default_cache_bytes())
     pod: Pod | None = None
     try:
@@ -382,4 +384,6 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
         if pod is not None:
             await pod.round_finished()  # never close envs under a running round
         await asyncio.to_thread(runner.close)
+        if bridge is not None:
+            await asyncio.to_thread(bridge.close)
     return 0

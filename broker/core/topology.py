@@ -155,8 +155,8 @@ class Topology:
 
     @property
     def exchanges(self) -> tuple[str, ...]:
-        """Full names of the experiment's exchanges (events, dlx)."""
-        return (self.events, self.dlx)
+        """Full names of the experiment's exchanges (events, dlx, experience)."""
+        return (self.events, self.dlx, self.experience)
 
     def subscriber(self, service: str, who: str) -> str:
         """Name of a subscriber queue: ``<prefix>.events.<service>.<who>``, so the

@@ -1,0 +1,81 @@
+"""Two nodes' experience pools trade transitions over a real RabbitMQ."""
+
+from __future__ import annotations
+
+import gymnasium
+import numpy as np
+import pika
+import pytest
+import torch
+
+from agents.pod.pool import ExperiencePool, row_bytes
+from agents.pod.pool_bridge import PoolBridge
+from broker.core.messages import encode_message
+from broker.core.schemas import ExperienceBatch
+
+OBS = gymnasium.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+ACT = gymnasium.spaces.Box(-2.0, 2.0, (2,), np.float32)
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(60)]
+
+
+def _pool() -> ExperiencePool:
+    return ExperiencePool("stub", OBS, ACT, 100 * row_bytes((3,), 2))
+
+
+def _write(pool: ExperiencePool, first: int, n: int) -> None:
+    values = torch.arange(first, first + n, dtype=torch.float32)
+    obs = values[:, None].repeat(1, 3)
+    pool.write(obs, values[:, None].repeat(1, 2), values, obs + 1, values % 2 == 1,
+               pool.new_writer())
+
+
+def test_two_nodes_exchange_a_batch_and_a_slow_node_drops_and_counts(
+        amqp_url: str, experiment: str) -> None:
+    pool_a, pool_b = _pool(), _pool()
+    a = PoolBridge(pool_a, amqp_url, experiment, "node-a", batch_rows=2)
+    b = PoolBridge(pool_b, amqp_url, experiment, "node-b", batch_rows=2, max_batches=2)
+    try:
+        assert a.receive() == 0 and b.receive() == 0  # both queues bound
+        _write(pool_a, 0, 2)
+        assert a.publish() == 2
+        a.wait_routed()
+        assert b.receive() == 2
+        got = pool_b.newest(10)
+        assert got.reward.tolist() == [0.0, 1.0] and got.terminated.tolist() == [False, True]
+        assert torch.equal(got.next_obs, got.obs + 1) and got.action.shape == (2, 2)
+        assert a.receive() == 0 and pool_a.written == 2  # its own batch is not taken back
+        assert b.publish() == 0  # what b received is never sent on
+
+        _write(pool_a, 2, 10)  # five batches; b's queue keeps the newest two
+        assert a.publish() == 10
+        a.wait_routed()
+        assert b.receive() == 4
+        assert pool_b.newest(4).reward.tolist() == [8.0, 9.0, 10.0, 11.0]
+        assert b.dropped_batches == 3 and b.received_rows == 6
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_batch_that_does_not_fit_the_pool_is_rejected_and_counted(
+        amqp_url: str, experiment: str) -> None:
+    pool = _pool()
+    bridge = PoolBridge(pool, amqp_url, experiment, "node-b")
+    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    try:
+        bridge.receive()
+        rows = {"obs": torch.zeros(2, 5), "next_obs": torch.zeros(2, 5),  # wrong obs size
+                "action": torch.zeros(2, 2), "reward": torch.zeros(2),
+                "terminated": torch.zeros(2, dtype=torch.bool)}
+        body, content_type = encode_message(ExperienceBatch(
+            experiment=experiment, node="node-x", seq=0, rows=rows), blobs=None)
+        channel = connection.channel()
+        channel.confirm_delivery()  # the publish returns once the broker has routed it
+        channel.basic_publish(bridge.topology.experience, "", body,
+                              pika.BasicProperties(content_type=content_type))
+        assert bridge.receive() == 0
+        assert bridge.rejected_batches == 1 and pool.written == 0
+    finally:
+        connection.close()
+        bridge.close()
