@@ -26,12 +26,14 @@ shared memory, with no copy through the broker:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import multiprocessing
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gymnasium
@@ -42,6 +44,8 @@ from envs.base import VecEnv
 
 log = logging.getLogger(__name__)
 
+LOCK_TIMEOUT_S = 1.0
+"""Longest wait for the pool's lock (module doc)."""
 DEFAULT_POOL_MIB = 256
 """Default byte budget of a node's pool (HalfCheetah: about 1.6M transitions)."""
 
@@ -100,6 +104,22 @@ class ExperiencePool:
         self._meta = torch.zeros(3, dtype=torch.int64).share_memory_()
         # a spawn-context lock: the worker processes are spawned (agents.pod.runner)
         self._lock = multiprocessing.get_context("spawn").Lock()
+        self.lock_timeouts = 0
+        """Writes dropped or reads skipped in this process because the lock was held
+        too long (see the module doc)."""
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[bool]:
+        got = self._lock.acquire(timeout=LOCK_TIMEOUT_S)
+        if not got:
+            self.lock_timeouts += 1
+            log.warning("experience pool lock held over %.0f s (a worker died holding it?); "
+                        "going on without the pool for this step", LOCK_TIMEOUT_S)
+        try:
+            yield got
+        finally:
+            if got:
+                self._lock.release()
 
     @property
     def nbytes(self) -> int:
@@ -124,7 +144,9 @@ class ExperiencePool:
 
     def new_writer(self) -> int:
         """A writer id unique within the pool (a reader skips its own rows)."""
-        with self._lock:
+        with self._locked() as got:
+            if not got:  # unique enough: another process's pid never repeats a live one
+                return -os.getpid()
             self._meta[1] += 1
             return int(self._meta[1])
 
@@ -142,7 +164,9 @@ class ExperiencePool:
             rows = tuple(r[dropped:] for r in rows)
             n = self.capacity
         stores = (self.obs, self.action, self.reward, self.next_obs, self.terminated)
-        with self._lock:
+        with self._locked() as got:
+            if not got:
+                return
             total = int(self._meta[0])
             if total == 0:
                 self._meta[2] = int(time.time() * 1e6)
@@ -161,8 +185,8 @@ class ExperiencePool:
 
     def newest(self, limit: int) -> PoolRows:
         """The newest ``min(limit, len(self))`` rows of every writer, oldest first."""
-        with self._lock:
-            total = int(self._meta[0])
+        with self._locked() as got:
+            total = int(self._meta[0]) if got else 0
             n = min(limit, total, self.capacity)
             index = torch.arange(total - n, total) % self.capacity
             return self._gather(index)
@@ -172,8 +196,8 @@ class ExperiencePool:
         """Rows of writers other than ``skip_writer`` written at or after ``cursor`` (a
         count of rows ever written): at most the newest ``limit``. Returns the rows, the
         new cursor and how many such rows were lost (overwritten or beyond ``limit``)."""
-        with self._lock:
-            total = int(self._meta[0])
+        with self._locked() as got:
+            total = int(self._meta[0]) if got else cursor
             oldest = max(0, total - self.capacity)
             overwritten = max(0, oldest - cursor)
             start = max(cursor, oldest)

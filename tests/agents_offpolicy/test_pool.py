@@ -66,6 +66,21 @@ def test_a_reader_sees_only_others_rows_since_its_cursor_and_counts_what_it_skip
     assert reader.skipped == 1 + 12 and reader.read == 3 + 3 + 8
 
 
+def test_a_lock_held_by_a_dead_writer_drops_the_step_instead_of_stalling(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("agents.pod.pool.LOCK_TIMEOUT_S", 0.05)
+    pool = _pool(8)
+    _write(pool, 0, 2, writer=2)
+    reader = PoolReader(pool, writer=1)
+    _write(pool, 2, 2, writer=2)
+    pool._lock.acquire()  # as if a process died in the middle of a write
+    _write(pool, 4, 2, writer=2)
+    assert len(reader.take(10)) == 0 and len(pool.newest(10)) == 0
+    assert pool.lock_timeouts == 3 and pool.written == 4
+    pool._lock.release()
+    assert reader.take(10).reward.tolist() == [2, 3]  # the cursor did not move meanwhile
+
+
 def _writer_process(pool: ExperiencePool, writer: int, batches: int) -> None:
     for _ in range(batches):
         values = torch.full((4,), float(writer))
