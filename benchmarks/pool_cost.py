@@ -5,12 +5,15 @@
 spreads the load of a shared machine over both), the pool fed meanwhile by a peer
 process writing what a second pod would (``--peer-rate`` rows per second), so the
 round pays for recording, ingesting and its larger buffer. Prints each pair, the
-medians, the ratio and the load average.
+medians, the ratio and the load average; then one more pooled round under cProfile
+and the share of its time spent in the pool's own code (recording, writing, syncing),
+a figure a loaded machine disturbs far less than wall-clock rates.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import multiprocessing
 import multiprocessing.synchronize
 import os
@@ -41,8 +44,29 @@ def _peer(pool: ExperiencePool, rate: float, stop: multiprocessing.synchronize.E
 
 
 def _round(runner: RoundRunner, args: argparse.Namespace, seed: int) -> float:
-    job = RoundJob(args.algo, args.env, {}, seed, Budget(seconds=args.seconds))
+    # updates from the first full batch in both arms: a pooled round starts warm
+    job = RoundJob(args.algo, args.env, {"learning_starts": 0}, seed,
+                   Budget(seconds=args.seconds))
     return runner.run(job).result.metrics["round/steps_per_second"]
+
+
+def _profiled_share(runner: RoundRunner, args: argparse.Namespace) -> float:
+    """Share of a pooled round's time spent in the pool's code (see the module doc)."""
+    profile = cProfile.Profile()
+    profile.enable()
+    _round(runner, args, 99)
+    profile.disable()
+    profile.create_stats()
+    stats: dict[tuple[str, int, str], tuple[int, int, float, float, object]] = (
+        profile.stats)  # type: ignore[attr-defined]
+    total = max(ct for (_, _, name), (_, _, _, ct, _) in stats.items() if name == "run")
+    pool = 0.0
+    for (path, _, name), (_, _, own, cumulative, _) in stats.items():
+        if path.endswith(("pool_link.py", "pool.py")) and name in {"sync", "write"}:
+            pool += cumulative
+        elif path.endswith("pool_link.py") and name == "step":
+            pool += own  # the wrapper itself; the env's own step is not the pool's
+    return pool / total
 
 
 def main() -> None:
@@ -74,15 +98,17 @@ def main() -> None:
             with_pool.append(_round(pooled, args, pair))
             print(f"pair {pair}: without {without[-1]:,.0f} steps/s, with pool "
                   f"{with_pool[-1]:,.0f} steps/s")
+        a, b = statistics.median(without), statistics.median(with_pool)
+        print(f"{args.algo} on {args.env}, {args.seconds:g} s rounds: median without pool "
+              f"{a:,.0f}, with pool {b:,.0f} env steps/s: the pool costs {1 - b / a:+.1%} "
+              f"(pool {len(pool):,} rows, peer writing {args.peer_rate:,.0f} rows/s)")
+        share = _profiled_share(pooled, args)
+        print(f"profiled pooled round: the pool's code took {share:.1%} of its time")
     finally:
         stop.set()
         peer.join(5)
         plain.close()
         pooled.close()
-    a, b = statistics.median(without), statistics.median(with_pool)
-    print(f"{args.algo} on {args.env}, {args.seconds:g} s rounds: median without pool "
-          f"{a:,.0f}, with pool {b:,.0f} env steps/s: the pool costs {1 - b / a:+.1%} "
-          f"(pool {len(pool):,} rows, peer writing {args.peer_rate:,.0f} rows/s)")
     print(f"load average after: {os.getloadavg()}")
 
 
