@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from agents.build import resolve
 from agents.pod.pool import ExperiencePool, node_pool
 from agents.pod.runner import RoundJob, RoundRunner, RunnerConfig
 from agents.registry import default_registry
@@ -45,8 +46,8 @@ def _peer(pool: ExperiencePool, rate: float, stop: multiprocessing.synchronize.E
 
 def _round(runner: RoundRunner, args: argparse.Namespace, seed: int) -> float:
     # updates from the first full batch in both arms: a pooled round starts warm
-    job = RoundJob(args.algo, args.env, {"learning_starts": 0}, seed,
-                   Budget(seconds=args.seconds))
+    resolved = resolve(runner.registry, args.algo, {"learning_starts": 0})
+    job = RoundJob(resolved, args.env, seed, Budget(seconds=args.seconds))
     return runner.run(job).result.metrics["round/steps_per_second"]
 
 
@@ -57,8 +58,7 @@ def _profiled_share(runner: RoundRunner, args: argparse.Namespace) -> float:
     _round(runner, args, 99)
     profile.disable()
     profile.create_stats()
-    stats: dict[tuple[str, int, str], tuple[int, int, float, float, object]] = (
-        profile.stats)  # type: ignore[attr-defined]
+    stats = profile.stats  # (file, line, function) -> (calls, calls, own s, total s, ..)
     total = max(ct for (_, _, name), (_, _, _, ct, _) in stats.items() if name == "run")
     pool = 0.0
     for (path, _, name), (_, _, own, cumulative, _) in stats.items():
