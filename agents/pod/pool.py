@@ -231,12 +231,18 @@ class PoolReader:
 
 def node_pool(env: str, enabled: bool, mib: int,
               make_env: Callable[[str, int], VecEnv]) -> ExperiencePool | None:
-    """The pool for the pods of this node (``None`` when ``enabled`` is false, or when the
-    env's actions are neither Box nor Discrete: then the pods train without one). One
-    env copy is built to read its spaces."""
+    """The pool for the pods of this node (``None`` when ``enabled`` is false, when the
+    env's actions are neither Box nor Discrete, or when the env cannot be built here:
+    then the pods train without one). One env copy is built to read its spaces."""
     if not enabled:
         return None
-    probe = make_env(env, 1)
+    try:
+        probe = make_env(env, 1)
+    except Exception as exc:  # this node cannot build the env: the pod's fault policy
+        # decides what that means for its rounds; training needs no pool
+        log.warning("no experience pool: %s cannot be built here (%s)", env,
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return None
     try:
         obs_space, act_space = probe.single_observation_space, probe.single_action_space
     finally:

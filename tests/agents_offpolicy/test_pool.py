@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from agents.pod.pool import ExperiencePool, PoolReader, row_bytes
+from agents.pod.pool import ExperiencePool, PoolReader, node_pool, row_bytes
 from agents.pod.pool_link import PoolLink, RecordingEnv, to_agent_scale
 from agents.ppo import PPOAgent, PPOConfig
 from agents.sac import SACAgent, SACConfig
@@ -35,6 +35,16 @@ def test_capacity_follows_the_byte_budget_and_rejects_a_budget_too_small() -> No
     assert _pool(10).capacity == 10
     with pytest.raises(ConfigError, match="pool_mib"):
         ExperiencePool("stub", OBS, ACT, 3)
+
+
+def test_a_node_that_cannot_build_the_env_trains_without_a_pool() -> None:
+    def missing(name: str, copies: int) -> ScriptedEnv:
+        raise ConfigError("path", "prices.csv is not a file")
+
+    assert node_pool("stock/prices.csv", True, 1, missing) is None
+    assert node_pool("stub", False, 1, lambda name, copies: ScriptedEnv(copies)) is None
+    built = node_pool("stub", True, 1, lambda name, copies: ScriptedEnv(copies))
+    assert built is not None and built.capacity == 2**20 // row_bytes((3,), 1)
 
 
 def test_a_full_pool_overwrites_its_oldest_rows_across_the_wrap() -> None:
