@@ -6,7 +6,8 @@ training never waits for the network:
 
 * out: the rows this node's pods wrote since the last pass, at most
   ``batch_rows * max_out`` per pass (the newest; the rest is counted as skipped), in
-  ``ExperienceBatch`` messages of ``batch_rows`` rows on the fanout exchange
+  batches of ``batch_rows`` rows (``encode_batch``: msgpack through ``broker.core.codec``,
+  versioned, with the experiment, the sender and its batch number) on the fanout exchange
   ``podracer.<experiment>.experience`` (``broker.core.topology``), transient and
   unconfirmed: a lost batch costs only its rows, and confirms would make a slow broker
   slow the sender;
@@ -24,6 +25,7 @@ once and retried by the next pass.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -36,9 +38,8 @@ import torch
 from pika.adapters.blocking_connection import BlockingChannel
 
 from agents.pod.pool import ExperiencePool, PoolReader
-from broker.core.errors import PodracerError
-from broker.core.messages import CONTENT_TYPE, decode_message, encode_message
-from broker.core.schemas import ExperienceBatch
+from broker.core import codec
+from broker.core.errors import DecodeError, PodracerError
 from broker.core.topology import Topology
 from broker.transports.tls import ssl_context_from_env
 from broker.transports.urls import amqp_addresses
@@ -53,6 +54,44 @@ MAX_OUT = 8
 """Batches sent per pass at most (``batch_rows * max_out`` rows)."""
 PASS_S = 0.25
 """Seconds between two passes of the bridge thread."""
+CONTENT_TYPE = "application/x-podracer-experience+msgpack"
+BATCH_SCHEMA = 1
+"""Version of the batch layout (``encode_batch``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperienceBatch:
+    """Transitions one node shares: ``rows`` holds ``obs``, ``action`` (env scale),
+    ``reward``, ``next_obs``, ``terminated``; ``seq`` numbers the sender's batches."""
+
+    experiment: str
+    node: str
+    seq: int
+    rows: Mapping[str, torch.Tensor]
+
+
+def encode_batch(batch: ExperienceBatch) -> bytes:
+    """The batch as msgpack (tensors as the codec's ext type; never pickle)."""
+    return codec.pack({"schema": BATCH_SCHEMA, "experiment": batch.experiment,
+                       "node": batch.node, "seq": batch.seq, "rows": dict(batch.rows)})
+
+
+def decode_batch(body: bytes, experiment: str) -> ExperienceBatch:
+    """A batch of ``experiment`` from untrusted bytes; ``DecodeError`` names what is wrong
+    (the rows' shapes are checked against the pool by the receiver)."""
+    data = codec.unpack(body)
+    if not isinstance(data, dict) or data.get("schema") != BATCH_SCHEMA:
+        raise DecodeError(f"schema: expected {BATCH_SCHEMA}")
+    if data.get("experiment") != experiment:
+        raise DecodeError(f"experiment: {str(data.get('experiment'))[:64]!r}, not {experiment!r}")
+    node, seq, rows = data.get("node"), data.get("seq"), data.get("rows")
+    if not isinstance(node, str) or not 0 < len(node) <= 256:
+        raise DecodeError("node: expected a name of 1-256 characters")
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+        raise DecodeError("seq: expected an integer >= 0")
+    if not isinstance(rows, dict) or not all(isinstance(v, torch.Tensor) for v in rows.values()):
+        raise DecodeError("rows: expected a map of tensors")
+    return ExperienceBatch(experiment, node, seq, rows)
 
 
 def _parameters(url: str) -> pika.URLParameters:
@@ -120,11 +159,10 @@ class PoolBridge:
         for start in range(0, len(rows), self.batch_rows):
             part = {name: getattr(rows, name)[start:start + self.batch_rows].contiguous()
                     for name in ("obs", "action", "reward", "next_obs", "terminated")}
-            msg = ExperienceBatch(experiment=self.topology.experiment, node=self.node,
-                                  seq=self._seq, rows=part)
-            body, content_type = encode_message(msg, blobs=None)
+            body = encode_batch(ExperienceBatch(self.topology.experiment, self.node,
+                                                self._seq, part))
             channel.basic_publish(self.topology.experience, "", body, pika.BasicProperties(
-                content_type=content_type, delivery_mode=1))
+                content_type=CONTENT_TYPE, delivery_mode=1))
             self._seq += 1
             sent += int(part["reward"].shape[0])
         self.sent_rows += sent
@@ -150,10 +188,9 @@ class PoolBridge:
 
     def _accept(self, body: bytes, content_type: str | None) -> int:
         try:
-            if content_type != CONTENT_TYPE:  # a claim check would name a file to open
-                raise PodracerError(f"content type {content_type!r}")
-            msg = decode_message(body, content_type, blobs=None, expect=ExperienceBatch,
-                                 experiment=self.topology.experiment)
+            if content_type != CONTENT_TYPE:
+                raise DecodeError(f"content type {content_type!r}")
+            msg = decode_batch(body, self.topology.experiment)
             rows = self._checked(msg.rows)
         except PodracerError as exc:
             self.rejected_batches += 1

@@ -145,16 +145,13 @@ class Experiment:
     ``podracer train`` where the run starts, so the updater checks tensor layouts without
     the simulator; None: the updater reads them from one env copy when it starts."""
     experience_pool: bool = True
-    """Share every member's transitions through one pool per node (``agents.pod.pool``):
-    off-policy members learn from all of them and a new member starts from them.
-    ``false`` is the ablation: each lineage learns only from what it collected."""
+    """One pool of every member's transitions per node (``agents.pod.pool``), which
+    off-policy members learn from and start from; ``false``: the ablation."""
     pool_mib: int = 256
-    """Byte budget of a node's pool in MiB (shared memory, preallocated when the pods
-    start); its capacity in transitions is ``pool_mib * 2**20 // row_bytes``,
+    """The pool's shared memory in MiB: ``pool_mib * 2**20 // row_bytes`` transitions,
     ``row_bytes = 4 * (2 * obs_dim + act_dim + 1) + 5``."""
     pool_own_share: float = 0.5
-    """Least share of what enters a member's buffer each iteration that it collected
-    itself (``agents.pod.pool_link``); 1.0 makes the pool write-only (warm starts only)."""
+    """Least share of a member's new data that is its own (``agents.pod.pool_link``)."""
 
     def overrides_for(self, algorithm: str) -> dict[str, Scalar]:
         """The pinned hyperparameters of ``algorithm`` (``num_envs`` included)."""
@@ -331,13 +328,6 @@ def _learners(value: int) -> int:
     return value
 
 
-def _own_share(value: float) -> float:
-    if value <= 0.0:
-        raise ConfigError("pool_own_share", "must be > 0",
-                          "e.g. 0.5 (a member keeps at least half of its own new data)")
-    return value
-
-
 def _device(value: str) -> str:
     if value == "auto" or re.fullmatch(r"cpu|cuda(:\d+)?|mps", value):
         return value
@@ -378,7 +368,7 @@ def parse_experiment(data: Mapping[str, Any], check: Check | None = None) -> Exp
         spaces=parse_spaces(top.table("spaces")),
         experience_pool=top.boolean("experience_pool", True),
         pool_mib=top.required_integer("pool_mib", 256, 1),
-        pool_own_share=_own_share(top.required_number("pool_own_share", 0.5, 0.0, 1.0)),
+        pool_own_share=top.number("pool_own_share", 0.5, 0.0, 1.0, positive=True) or 0.5,
     )
     top.finish()
     if check is not None:

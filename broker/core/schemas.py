@@ -184,21 +184,6 @@ class Scale(Message):
     pods: int
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ExperienceBatch(Message):
-    """Node -> exchange ``experience``: transitions of its pool (``agents.pod.pool_bridge``).
-
-    ``rows`` holds ``obs``, ``action`` (env scale), ``reward``, ``next_obs`` and
-    ``terminated``, batched along the first dimension; the receiver checks their
-    shapes and dtypes against its own pool. ``seq`` counts the sender's batches, so a
-    receiver tells how many it lost."""
-
-    KIND: ClassVar[str] = "experience_batch"
-    node: Token
-    seq: int
-    rows: TensorDict
-
-
 # ---------------------------------------------------------------- validation
 
 T = TypeVar("T")
@@ -376,8 +361,7 @@ def _spec(cls: type[Message]) -> _Spec:
 
 KINDS: dict[str, type[Message]] = {
     cls.KIND: cls
-    for cls in (Initialization, Checkpoint, Heartbeat, Metrics, LeaderboardChanged, Stop, Scale,
-                ExperienceBatch)
+    for cls in (Initialization, Checkpoint, Heartbeat, Metrics, LeaderboardChanged, Stop, Scale)
 }
 
 _SPECS: dict[str, _Spec] = {kind: _spec(cls) for kind, cls in KINDS.items()}

@@ -9,9 +9,7 @@ import pytest
 import torch
 
 from agents.pod.pool import ExperiencePool, row_bytes
-from agents.pod.pool_bridge import PoolBridge
-from broker.core.messages import encode_message
-from broker.core.schemas import ExperienceBatch
+from agents.pod.pool_bridge import CONTENT_TYPE, ExperienceBatch, PoolBridge, encode_batch
 
 OBS = gymnasium.spaces.Box(-np.inf, np.inf, (3,), np.float32)
 ACT = gymnasium.spaces.Box(-2.0, 2.0, (2,), np.float32)
@@ -58,7 +56,7 @@ def test_two_nodes_exchange_a_batch_and_a_slow_node_drops_and_counts(
         b.close()
 
 
-def test_a_batch_that_does_not_fit_the_pool_is_rejected_and_counted(
+def test_a_batch_that_does_not_decode_or_fit_the_pool_is_rejected_and_counted(
         amqp_url: str, experiment: str) -> None:
     pool = _pool()
     bridge = PoolBridge(pool, amqp_url, experiment, "node-b")
@@ -68,14 +66,15 @@ def test_a_batch_that_does_not_fit_the_pool_is_rejected_and_counted(
         rows = {"obs": torch.zeros(2, 5), "next_obs": torch.zeros(2, 5),  # wrong obs size
                 "action": torch.zeros(2, 2), "reward": torch.zeros(2),
                 "terminated": torch.zeros(2, dtype=torch.bool)}
-        body, content_type = encode_message(ExperienceBatch(
-            experiment=experiment, node="node-x", seq=0, rows=rows), blobs=None)
+        body = encode_batch(ExperienceBatch(experiment, "node-x", 0, rows))
         channel = connection.channel()
         channel.confirm_delivery()  # the publish returns once the broker has routed it
         channel.basic_publish(bridge.topology.experience, "", body,
-                              pika.BasicProperties(content_type=content_type))
+                              pika.BasicProperties(content_type=CONTENT_TYPE))
+        channel.basic_publish(bridge.topology.experience, "", b"\x93not a batch",
+                              pika.BasicProperties(content_type=CONTENT_TYPE))
         assert bridge.receive() == 0
-        assert bridge.rejected_batches == 1 and pool.written == 0
+        assert bridge.rejected_batches == 2 and pool.written == 0
     finally:
         connection.close()
         bridge.close()
