@@ -168,6 +168,8 @@ class RoundRunner:
             should_stop: ShouldStop | None = None) -> RoundOutput:
         """Build and train ``job``; a failure raises ``Faulted`` with its verdict
         (``broker.runtime.faults``)."""
+        if self.config.torch_threads:  # OpenMP counts threads per calling thread: set it
+            torch.set_num_threads(self.config.torch_threads)  # where the round trains
         try:
             agent, envs, eval_env = self._build(job)
         except Exception as exc:
