@@ -34,6 +34,7 @@ from typing import Any
 
 from agents.base import AlgorithmRegistry
 from agents.pod.continuity import ReplayCache, default_cache_bytes
+from agents.pod.pool import ExperiencePool, node_pool
 from broker.core.auth import run_secret_env, secret_from_env
 from broker.core.errors import BrokerError, ConfigError
 from broker.core.schemas import Stop
@@ -42,6 +43,7 @@ from broker.runtime.service import ServiceContext
 from broker.runtime.supervise import ProcessGroup, supervised
 from broker.transports.connect import connector
 from broker.transports.memory import MemoryBroker
+from envs.registry import make_env
 from leaderboard.selection import SelectionRegistry
 from orchestrator.embedded import TaskScaler
 from orchestrator.service import default_policy
@@ -92,16 +94,19 @@ class _EmbeddedPods:
     of this process, every other one in a worker process of its own (one Python process
     runs about one core's worth of an RL round, see ``agents.pod.runner``)."""
 
-    def __init__(self, wiring: Wiring) -> None:
+    def __init__(self, wiring: Wiring, pool: ExperiencePool | None = None) -> None:
         self.wiring = wiring
         self.cache = ReplayCache(default_cache_bytes())
+        self.pool = pool
+        """The experience pool every pod of this process and its workers share."""
         self._thread_taken = False
 
     async def main(self, ctx: ServiceContext[Settings]) -> int:
         worker = "process" if self._thread_taken else "thread"
         self._thread_taken = True
         try:
-            code: int = await service("pod", self.wiring, worker=worker, cache=self.cache)(ctx)
+            code: int = await service("pod", self.wiring, worker=worker, cache=self.cache,
+                                      pool=self.pool)(ctx)
             return code
         finally:
             if worker == "thread":
@@ -113,7 +118,9 @@ async def _embedded(settings: Settings, monitor: Monitor, wiring: Wiring,
     loop = asyncio.get_running_loop()
     settings = dataclasses.replace(settings, broker="memory://")
     contexts = {role: ServiceContext(settings, role) for role in SERVICE_ROLES}
-    pods = _EmbeddedPods(wiring)
+    exp = settings.experiment
+    pods = _EmbeddedPods(wiring, await asyncio.to_thread(
+        node_pool, exp.env, exp.experience_pool, exp.pool_mib, make_env))
     scaler = TaskScaler(pods.main, lambda name: dataclasses.replace(settings, name=name))
     policy = default_policy(settings, min_pods=settings.experiment.pods)
 

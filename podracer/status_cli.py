@@ -2,8 +2,9 @@
 
 The queues' depth and consumers come from the broker; their rates from RabbitMQ's
 management API when it answers (status works without it); the services from the
-``heartbeat.*`` events heard during ``--listen`` seconds; the top of the leaderboard
-from the store when it exists.
+``heartbeat.*`` events heard during ``--listen`` seconds, with each pod's experience
+pool figures from its ``metrics.*`` events (``pool/*``: ``agents.pod.pool_link``); the
+top of the leaderboard from the store when it exists.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.core.errors import ConfigError
-from broker.core.schemas import Heartbeat
+from broker.core.schemas import Heartbeat, Metrics
 from leaderboard.store import DB_NAME, LeaderboardStore
 from podracer.inspect_cli import (
     add_place,
@@ -115,18 +116,25 @@ def _queue_rows(broker: str, experiment: str, management: str | None) -> tuple[s
     return format_table(head, rows), found
 
 
+Heard = dict[str, tuple[float, Heartbeat]]
+"""Service name -> (monotonic time, its last heartbeat)."""
+PoolFigures = dict[str, dict[str, float]]
+"""Pod name -> the ``pool/*`` values of its last metrics event."""
+
+
 async def listen_heartbeats(broker: str, experiment: str, seconds: float
-                            ) -> dict[str, tuple[float, Heartbeat]]:
-    """Heartbeats heard on ``heartbeat.*`` for ``seconds``: name -> (monotonic time, last)."""
+                            ) -> tuple[Heard, PoolFigures]:
+    """Heartbeats on ``heartbeat.*`` and pool figures on ``metrics.*`` for ``seconds``."""
     from broker.transports.connect import connect
 
-    beats: dict[str, tuple[float, Heartbeat]] = {}
+    beats: Heard = {}
+    pools: PoolFigures = {}
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     transport = connect(broker, experiment=experiment)
     try:
         # no `async with transport`: that would declare the topology; status only reads
-        async with transport.subscribe(["heartbeat.*"]) as events:
+        async with transport.subscribe(["heartbeat.*", "metrics.*"]) as events:
             iterator = aiter(events)
             while (left := deadline - loop.time()) > 0:
                 try:
@@ -135,12 +143,23 @@ async def listen_heartbeats(broker: str, experiment: str, seconds: float
                     break
                 if isinstance(event, Heartbeat):
                     beats[event.pod] = (time.monotonic(), event)
+                elif isinstance(event, Metrics) and "pool/rows" in event.values:
+                    pools[event.pod] = event.values
     finally:
         await transport.close()
-    return beats
+    return beats, pools
 
 
-def _heartbeat_table(beats: dict[str, tuple[float, Heartbeat]]) -> str:
+def _pool_table(pools: PoolFigures) -> str:
+    """The experience pool as each pod last reported it (pods of one node share one)."""
+    rows = [(name, f"{v.get('pool/rows', 0):,.0f}", f"{v.get('pool/feed_rows_per_s', 0):,.0f}",
+             f"{v.get('pool/share_of_data', 0):.0%}", f"{v.get('pool/skipped', 0):,.0f}")
+            for name, v in sorted(pools.items())]
+    return format_table(("pod", "pool rows", "feed rows/s", "share of its data",
+                         "skipped"), rows)
+
+
+def _heartbeat_table(beats: Heard) -> str:
     now = time.monotonic()
     rows = [(name, beat.role, beat.status, f"{beat.env_steps:,}", f"{now - seen:.1f}s ago")
             for name, (seen, beat) in sorted(beats.items(), key=lambda kv: (kv[1][1].role, kv[0]))]
@@ -180,10 +199,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("\nservices: not listened to; set PODRACER_SECRET_FILE to the experiment's "
               "secret to hear their signed heartbeats")
     elif args.listen > 0:
-        beats = asyncio.run(listen_heartbeats(broker, name, args.listen))
+        beats, pools = asyncio.run(listen_heartbeats(broker, name, args.listen))
         print(f"\nservices heard in {args.listen:g}s: {len(beats)}")
         if beats:
             print(_heartbeat_table(beats))
+        if pools:
+            print("\nexperience pool (agents.pod.pool):")
+            print(_pool_table(pools))
     root = store_dir(args.store, args.experiment)
     if (root / DB_NAME).is_file():
         with LeaderboardStore(root) as store:

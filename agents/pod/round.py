@@ -199,12 +199,14 @@ def train_round(
     target: float | None = None,
     snapshot_every_s: float | None = None,
     auto_start_s: float | None = None,
+    after_iteration: Callable[[], dict[str, float]] | None = None,
 ) -> RoundResult:
     """Train ``agent`` on ``env`` until ``budget``, ``target`` or ``should_stop()``; see
     the module doc. ``auto_start_s`` is the first interval of ``eval_every_s="auto"``
     (the previous round's ``eval_every_s``: a continued lineage need not be evaluated at
     once). ``RoundResult.env_steps``/``wall_time`` count the whole round; the part after
-    the last snapshot is that minus the snapshots' own."""
+    the last snapshot is that minus the snapshots' own. ``after_iteration`` runs after
+    every iteration (the experience pool's sync) and its metrics join the iteration's."""
     evals = _Evaluations(agent, eval_env, eval_episodes, eval_every_s, target,
                          snapshot_every_s, auto_start_s)
     start = evals.start
@@ -215,6 +217,8 @@ def train_round(
             log.info("round stopped early after %d steps", agent.env_steps - evals.first_steps)
             break
         metrics = agent.train_iteration(env)
+        if after_iteration is not None:
+            metrics.update(after_iteration())
         score = None
         if evals.due():
             final = evals.run()

@@ -34,6 +34,8 @@ from agents.base import Agent, AlgorithmRegistry
 from agents.build import Resolved
 from agents.pod.continuity import EnvPool, Rows, fit_rows, replay_rows
 from agents.pod.learners import LearnerGroup, build_learners
+from agents.pod.pool import ExperiencePool
+from agents.pod.pool_link import DEFAULT_OWN_SHARE, link_agent, record_envs, unwrap
 from agents.pod.round import Progress, RoundResult, train_round
 from agents.replay import ReplayBuffer
 from broker.core.errors import EnvUnavailable
@@ -88,6 +90,11 @@ class RunnerConfig:
     snapshot_every_s: float | None = 60.0
     """A round this long or longer reports intermediate bests this often (the pod
     publishes them: see ``agents.pod.round``)."""
+    pool: ExperiencePool | None = None
+    """The node's experience pool (``agents.pod.pool``; shared memory, so it reaches a
+    process worker when it starts); ``None``: the pod learns from its own data only."""
+    pool_own_share: float = DEFAULT_OWN_SHARE
+    """Least share of a learner's new data that is its own (``agents.pod.pool_link``)."""
 
 
 def buffer_of(agent: Agent) -> ReplayBuffer | None:
@@ -131,6 +138,7 @@ class RoundRunner:
     def _build(self, job: RoundJob) -> tuple[Agent, list[VecEnv], VecEnv]:
         config = job.resolved.config
         envs, eval_env = self._take_envs(job.env, config.num_envs)
+        envs = record_envs(self.config.pool, job.env, envs)  # experience pool hook
         state = job.state
         if job.replay is not None and state is not None:
             capacity = getattr(config, "buffer_size", None)
@@ -146,7 +154,7 @@ class RoundRunner:
 
     def _give_back(self, name: str, envs: list[VecEnv]) -> None:
         for env in envs:
-            self.envs.give_back(name, env.num_envs, env)
+            self.envs.give_back(name, env.num_envs, unwrap(env))
 
     def probe(self, job: RoundJob) -> None:
         """Build ``job`` (no training) to learn whether this node can work again after a
@@ -161,6 +169,8 @@ class RoundRunner:
             should_stop: ShouldStop | None = None) -> RoundOutput:
         """Build and train ``job``; a failure raises ``Faulted`` with its verdict
         (``broker.runtime.faults``)."""
+        if self.config.torch_threads:  # OpenMP counts threads per calling thread: set it
+            torch.set_num_threads(self.config.torch_threads)  # where the round trains
         try:
             agent, envs, eval_env = self._build(job)
         except Exception as exc:
@@ -170,12 +180,14 @@ class RoundRunner:
             log.debug("traceback", exc_info=True)
             raise fault_of(exc, unknown=Fault.MESSAGE) from None
         try:
+            link = link_agent(self.config.pool, agent, envs, self.config.pool_own_share)
             result = train_round(agent, envs[0], eval_env, job.budget,
                                  eval_every_s=self.config.eval_every_s, on_progress=report,
                                  should_stop=should_stop,
                                  eval_episodes=self.config.eval_episodes, target=job.target,
                                  snapshot_every_s=self.config.snapshot_every_s,
-                                 auto_start_s=self._eval_every.get(job.env))
+                                 auto_start_s=self._eval_every.get(job.env),
+                                 after_iteration=link.sync if link is not None else None)
         except BaseException as exc:
             for env in [*envs, eval_env]:  # mid-episode state of a failed round: rebuild
                 env.close()

@@ -48,6 +48,8 @@ from agents.base import AlgorithmRegistry
 from agents.build import resolve
 from agents.pod.chain import Chain
 from agents.pod.continuity import ReplayCache, default_cache_bytes
+from agents.pod.pool import ExperiencePool, node_pool
+from agents.pod.pool_bridge import start_bridge
 from agents.pod.round import Progress
 from agents.pod.runner import (
     ProcessWorker,
@@ -327,11 +329,14 @@ class Pod:
                 log.warning("%s: metrics not sent: %s", self.ctx.name, exc)
 
 
-def make_worker(settings: Settings, registry: AlgorithmRegistry, kind: str) -> Worker:
-    """A ``thread`` or ``process`` worker (see ``agents.pod.runner``) for this pod's rounds."""
+def make_worker(settings: Settings, registry: AlgorithmRegistry, kind: str,
+                pool: ExperiencePool | None = None) -> Worker:
+    """A ``thread`` or ``process`` worker (see ``agents.pod.runner``) for this pod's rounds,
+    feeding and reading ``pool`` (``agents.pod.pool``) when given."""
     exp = settings.experiment
     config = RunnerConfig(device=str(settings.torch_device()), eval_episodes=exp.eval_episodes,
-                          learners=exp.learners, torch_threads=settings.torch_threads)
+                          learners=exp.learners, torch_threads=settings.torch_threads,
+                          pool=pool, pool_own_share=exp.pool_own_share)
     if kind == "process":
         return ProcessWorker(registry, config, make_env)
     return ThreadWorker(RoundRunner(registry, config, make_env))
@@ -339,18 +344,25 @@ def make_worker(settings: Settings, registry: AlgorithmRegistry, kind: str) -> W
 
 async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
                connect: Connector, worker: str = "thread",
-               cache: ReplayCache | None = None) -> int:
+               cache: ReplayCache | None = None, pool: ExperiencePool | None = None
+               ) -> int:
     """Run a pod until ``control.stop`` or SIGTERM; exit 0 after draining.
 
     ``registry`` holds the algorithms and ``connect`` reaches the broker (both built
     where the program starts). ``worker`` says where rounds run (``thread`` or
     ``process``, see ``agents.pod.runner``); ``cache`` is the replay cache shared with other
-    pods of this process (default: the pod's own)."""
+    pods of this process (default: the pod's own), and so is ``pool``, the experience pool
+    (default: the pod's own when the experiment asks for one)."""
     settings = ctx.settings
     if settings.torch_threads and worker == "thread":
         torch.set_num_threads(settings.torch_threads)
     blobs = FileBlobStore(settings.store)
-    runner = await asyncio.to_thread(make_worker, settings, registry, worker)
+    exp = settings.experiment
+    if pool is None:  # experience pool hook: a pod of its own process has its own
+        pool = await asyncio.to_thread(node_pool, exp.env, exp.experience_pool, exp.pool_mib,
+                                       make_env)
+    runner = await asyncio.to_thread(make_worker, settings, registry, worker, pool)
+    bridge = await asyncio.to_thread(start_bridge, pool, settings.broker, exp.name)
     cache = cache if cache is not None else ReplayCache(default_cache_bytes())
     pod: Pod | None = None
     try:
@@ -372,4 +384,6 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
         if pod is not None:
             await pod.round_finished()  # never close envs under a running round
         await asyncio.to_thread(runner.close)
+        if bridge is not None:
+            await asyncio.to_thread(bridge.close)
     return 0

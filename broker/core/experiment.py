@@ -145,6 +145,14 @@ class Experiment:
     """The env's observation and action spaces (``broker.core.spaces``): recorded by
     ``podracer train`` where the run starts, so the updater checks tensor layouts without
     the simulator; None: the updater reads them from one env copy when it starts."""
+    experience_pool: bool = True
+    """One pool of every member's transitions per node (``agents.pod.pool``), which
+    off-policy members learn from and start from; ``false``: the ablation."""
+    pool_mib: int = 256
+    """The pool's shared memory in MiB: ``pool_mib * 2**20 // row_bytes`` transitions,
+    ``row_bytes = 4 * (2 * obs_dim + act_dim + 1) + 5``."""
+    pool_own_share: float = 0.5
+    """Least share of a member's new data that is its own (``agents.pod.pool_link``)."""
 
     def overrides_for(self, algorithm: str) -> dict[str, Scalar]:
         """The pinned hyperparameters of ``algorithm`` (``num_envs`` included)."""
@@ -160,7 +168,8 @@ class Experiment:
             "round_budget": _drop_none(dataclasses.asdict(self.round_budget)),
             "pods": self.pods, "top_k": self.top_k, "explore_p": self.explore_p,
             "eval_episodes": self.eval_episodes, "device": self.device, "seed": self.seed,
-            "learners": self.learners,
+            "learners": self.learners, "experience_pool": self.experience_pool,
+            "pool_mib": self.pool_mib, "pool_own_share": self.pool_own_share,
             "selection": {"name": self.selection.name, **self.selection.params},
             "population": dataclasses.asdict(self.population),
             "mutation": {"resample_p": self.mutation.resample_p,
@@ -358,6 +367,9 @@ def parse_experiment(data: Mapping[str, Any], check: Check | None = None) -> Exp
         seed=top.required_integer("seed", 0, 0),
         learners=_learners(top.required_integer("learners", 1, 1)),
         spaces=parse_spaces(top.table("spaces")),
+        experience_pool=top.boolean("experience_pool", True),
+        pool_mib=top.required_integer("pool_mib", 256, 1),
+        pool_own_share=top.number("pool_own_share", 0.5, 0.0, 1.0, positive=True) or 0.5,
     )
     top.finish()
     if check is not None:

@@ -61,6 +61,13 @@ class Table:
             raise ConfigError(self.field(key), f"must be in [{low}, {high}], got {value}")
         return float(value)
 
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self.raw(key, default)
+        if not isinstance(value, bool):
+            raise ConfigError(self.field(key), f"expected true or false, got {value!r}",
+                              f"e.g. {key} = true")
+        return value
+
     def required_integer(self, key: str, default: int, minimum: int) -> int:
         value = self.integer(key, default, minimum)
         assert value is not None  # a non-None default never reads as None

@@ -16,6 +16,9 @@ Every name lives under the experiment's namespace ``podracer.<experiment>.``:
 ``events.<service>.<who>``  a subscriber's exclusive queue, named after the service
                            that reads it and ``<host>-<pid>.<random>`` (gone with its
                            connection)
+``experience``             fanout exchange of experience-pool transitions between
+                           nodes (``agents.pod.pool_bridge``; transient, best effort)
+``experience.<node>``      a node's exclusive queue on it, bounded, dropping its head
 =========================  ===================================================
 
 The dead-letter routing key is the *short* queue name plus ``.dead``
@@ -162,14 +165,23 @@ class Topology:
 
     @property
     def exchanges(self) -> tuple[str, ...]:
-        """Full names of the experiment's exchanges (events, dlx, work)."""
-        return (self.events, self.dlx, self.work)
+        """Full names of the experiment's exchanges (events, dlx, work, experience)."""
+        return (self.events, self.dlx, self.work, self.experience)
 
     def subscriber(self, service: str, who: str) -> str:
         """Name of a subscriber queue: ``<prefix>.events.<service>.<who>``, so the
         management UI says who reads it (``who`` is ``<host>-<pid>.<random>``: unique
         even within one process)."""
         return f"{self.events}.{_word(service)}.{who}"
+
+    @property
+    def experience(self) -> str:
+        """Fanout exchange on which nodes share experience-pool transitions."""
+        return f"{self.prefix}.experience"
+
+    def experience_queue(self, node: str) -> str:
+        """A node's queue of the transitions the other nodes share (``<node>``: one word)."""
+        return f"{self.experience}.{_word(node)}"
 
     @property
     def expiry_policy(self) -> str:

@@ -100,10 +100,14 @@ def role_permissions(experiment: str, role: str) -> RolePermissions:
     exchanges = (q["events"], q["dlx"], q["work"])
     beat = f"heartbeat\\.{role}-.*"
     stop = "control\\.stop"
+    # the experience pool's cross-node exchange and each node's own queue of it
+    # (agents.pod.pool_bridge): pods declare, publish to and read them
+    pool = (f"{p}\\.experience", f"{p}\\.experience\\..+")
     if role == "pod":
         return RolePermissions(
-            configure=_any(sub("pod")), write=_any(q["work"], q["events"], q["dlx"], sub("pod")),
-            read=_any(q["generator"], q["events"], sub("pod")),
+            configure=_any(sub("pod"), *pool),
+            write=_any(q["work"], q["events"], q["dlx"], sub("pod"), *pool),
+            read=_any(q["generator"], q["events"], sub("pod"), *pool),
             events_write="^(heartbeat|metrics)\\.pod-.*$", events_read=f"^{stop}$",
             work_write="^updater$", work_read=_NOTHING)
     if role in ("generator", "updater"):

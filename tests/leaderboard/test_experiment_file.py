@@ -48,9 +48,13 @@ def test_defaults_of_a_minimal_file() -> None:
     assert exp.target_score is None and exp.total_budget.seconds is None
     assert exp.round_budget.seconds is None
     assert exp.overrides_for("ppo") == {}
+    assert (exp.experience_pool, exp.pool_mib, exp.pool_own_share) == (True, 256, 0.5)
 
 
 @pytest.mark.parametrize(("data", "message"), [
+    (with_(experience_pool="yes"), r"experience_pool: expected true or false"),
+    (with_(pool_mib=0), r"pool_mib: must be >= 1"),
+    (with_(pool_own_share=0), r"pool_own_share: must be > 0"),
     (with_(algos={"ppo": 0}), r"algos\.ppo: weight must be > 0"),
     (with_(algos={"ppo": "x"}), r"algos\.ppo: weight must be a number"),
     (with_(algos={}), r"algos: give at least one algorithm"),

@@ -6,6 +6,7 @@ experiment and deleted afterwards.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from transport_helpers import make_checkpoint, make_init, next_within
 
 from broker.core.errors import ConnectionClosed, PublishError
 from broker.core.schemas import Checkpoint, Heartbeat, Initialization, Stop
+from broker.core.topology import Topology
 from broker.runtime.lifecycle import Management
 from broker.runtime.users import (
     ROLES,
@@ -43,7 +45,13 @@ def urls(amqp_url: str, experiment: str) -> Iterator[dict[str, str]]:
 
 def test_permissions_name_only_this_experiment() -> None:
     pod = role_permissions("ant", "pod")
-    assert pod.configure == r"^(podracer\.ant\.events\.pod\..+)$"
+    topology = Topology("ant")
+    # its own subscriber queues and the experience pool's exchange and node queues only
+    for name in (topology.subscriber("pod", "h-1.ab"), topology.experience,
+                 topology.experience_queue("node-a")):
+        assert re.fullmatch(pod.configure, name) and re.fullmatch(pod.read, name), name
+    for name in (topology.generator, topology.updater, topology.events, "podracer.bee.experience"):
+        assert not re.fullmatch(pod.configure, name), name
     assert "updater" not in pod.read and r"podracer\.ant\.generator" in pod.read
     assert pod.work_write == "^updater$" and pod.events_read == r"^control\.stop$"
     assert "amq" not in pod.write  # the default exchange reaches every queue

@@ -1,0 +1,165 @@
+"""The node's experience pool: ring, readers, writers in two processes, what rows hold."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import gymnasium
+import numpy as np
+import pytest
+import torch
+
+from agents.pod.pool import ExperiencePool, PoolReader, node_pool, row_bytes
+from agents.pod.pool_link import PoolLink, RecordingEnv, to_agent_scale
+from agents.ppo import PPOAgent, PPOConfig
+from agents.sac import SACAgent, SACConfig
+from broker.core.errors import ConfigError
+from tests.agents_ppo.ppo_stub_envs import ScriptedEnv
+
+OBS = gymnasium.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+ACT = gymnasium.spaces.Box(-2.0, 2.0, (1,), np.float32)
+
+
+def _pool(rows: int) -> ExperiencePool:
+    return ExperiencePool("stub", OBS, ACT, rows * row_bytes((3,), 1))
+
+
+def _write(pool: ExperiencePool, first: int, n: int, writer: int) -> None:
+    """Rows whose reward is their global index ``first..first+n-1``."""
+    values = torch.arange(first, first + n, dtype=torch.float32)
+    obs = values[:, None].repeat(1, 3)
+    pool.write(obs, values[:, None] / 1000, values, obs + 1, values % 2 == 0, writer)
+
+
+def test_capacity_follows_the_byte_budget_and_rejects_a_budget_too_small() -> None:
+    assert _pool(10).capacity == 10
+    with pytest.raises(ConfigError, match="pool_mib"):
+        ExperiencePool("stub", OBS, ACT, 3)
+
+
+def test_a_node_that_cannot_build_the_env_trains_without_a_pool() -> None:
+    def missing(name: str, copies: int) -> ScriptedEnv:
+        raise ConfigError("path", "prices.csv is not a file")
+
+    assert node_pool("stock/prices.csv", True, 1, missing) is None
+    assert node_pool("stub", False, 1, lambda name, copies: ScriptedEnv(copies)) is None
+    built = node_pool("stub", True, 1, lambda name, copies: ScriptedEnv(copies))
+    assert built is not None and built.capacity == 2**20 // row_bytes((3,), 1)
+
+
+def test_a_full_pool_overwrites_its_oldest_rows_across_the_wrap() -> None:
+    pool = _pool(5)
+    _write(pool, 0, 3, writer=1)
+    _write(pool, 3, 4, writer=1)  # wraps: rows 0 and 1 are overwritten
+    assert len(pool) == 5 and pool.written == 7
+    newest = pool.newest(10)
+    assert newest.reward.tolist() == [2, 3, 4, 5, 6]
+    assert torch.equal(newest.next_obs[:, 0], newest.reward + 1)
+    assert newest.terminated.tolist() == [True, False, True, False, True]
+    _write(pool, 7, 12, writer=1)  # a batch over the capacity keeps its newest rows
+    assert pool.newest(5).reward.tolist() == [14, 15, 16, 17, 18]
+
+
+def test_a_reader_sees_only_others_rows_since_its_cursor_and_counts_what_it_skipped() -> None:
+    pool = _pool(8)
+    _write(pool, 0, 2, writer=2)  # before the reader existed: not its business
+    reader = PoolReader(pool, writer=1)
+    _write(pool, 2, 3, writer=2)
+    _write(pool, 5, 2, writer=1)  # its own rows are never read back
+    assert reader.take(100).reward.tolist() == [2, 3, 4]
+    assert reader.take(100).reward.tolist() == []
+    _write(pool, 7, 4, writer=3)
+    assert reader.take(3).reward.tolist() == [8, 9, 10]  # the newest within the limit
+    assert reader.skipped == 1
+    _write(pool, 11, 20, writer=2)  # 20 rows into a ring of 8: 12 lost before reading
+    assert reader.take(100).reward.tolist() == list(range(23, 31))
+    assert reader.skipped == 1 + 12 and reader.read == 3 + 3 + 8
+
+
+def test_a_lock_held_by_a_dead_writer_drops_the_step_instead_of_stalling(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("agents.pod.pool.LOCK_TIMEOUT_S", 0.05)
+    pool = _pool(8)
+    _write(pool, 0, 2, writer=2)
+    reader = PoolReader(pool, writer=1)
+    _write(pool, 2, 2, writer=2)
+    pool._lock.acquire()  # as if a process died in the middle of a write
+    _write(pool, 4, 2, writer=2)
+    assert len(reader.take(10)) == 0 and len(pool.newest(10)) == 0
+    assert pool.lock_timeouts == 3 and pool.written == 4
+    pool._lock.release()
+    assert reader.take(10).reward.tolist() == [2, 3]  # the cursor did not move meanwhile
+
+
+def _writer_process(pool: ExperiencePool, writer: int, batches: int) -> None:
+    for _ in range(batches):
+        values = torch.full((4,), float(writer))
+        pool.write(values[:, None].repeat(1, 3), values[:, None], values,
+                   values[:, None].repeat(1, 3), values > 0, writer)
+
+
+def test_two_processes_write_one_pool_without_losing_or_tearing_rows() -> None:
+    pool = _pool(1000)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_writer_process, args=(pool, w, 50)) for w in (1, 2)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=60)
+        assert proc.exitcode == 0
+    assert pool.written == 400
+    rows = pool.newest(400)
+    # every row is whole: its obs, action and reward all name the same writer
+    assert torch.equal(rows.obs[:, 0], rows.reward) and torch.equal(rows.action[:, 0],
+                                                                       rows.reward)
+    assert torch.equal(rows.writer.float(), rows.reward)
+    assert sorted(rows.writer.tolist()) == [1] * 200 + [2] * 200
+
+
+def test_ppo_rollouts_feed_the_pool_with_final_obs_and_terminations_apart() -> None:
+    env = ScriptedEnv(4)
+    pool = ExperiencePool("stub", env.single_observation_space, env.single_action_space,
+                      10_000 * row_bytes((3,), 1))
+    recording = RecordingEnv(env, pool, writer=pool.new_writer())
+    agent = PPOAgent(recording.single_observation_space, recording.single_action_space,
+                     PPOConfig(num_envs=4, rollout_steps=6), torch.device("cpu"), seed=0)
+    agent.train_iteration(recording)  # type: ignore[arg-type]
+    rows = pool.newest(1000)
+    assert len(rows) == 24
+    copy, episode, t = rows.obs.T
+    next_copy, next_episode, next_t = rows.next_obs.T
+    # the successor is the same episode's next step, also on the step that ended it
+    assert torch.equal(next_copy, copy) and torch.equal(next_episode, episode)
+    assert torch.equal(next_t, t + 1)
+    ended = torch.tensor([int(n) == ScriptedEnv.length(int(i), int(k))
+                          for i, k, n in zip(copy, episode, next_t, strict=True)])
+    assert bool(ended.any())
+    assert torch.equal(rows.terminated, ended & (copy % 2 == 0))  # odd copies truncate
+    assert torch.equal(rows.action, torch.cat(env.actions).reshape(-1, 1))  # as applied
+
+
+def test_an_off_policy_member_starts_from_the_pool_and_keeps_its_own_share() -> None:
+    pool = _pool(1000)
+    _write(pool, 0, 300, writer=9)
+    config = SACConfig(num_envs=4, buffer_size=500, learning_starts=8, batch_size=8)
+    agent = SACAgent(OBS, ACT, config, torch.device("cpu"), seed=0)
+    env = ScriptedEnv(4)
+    env.single_action_space = ACT
+    recording = RecordingEnv(env, pool, writer=pool.new_writer())
+    link = PoolLink(pool, agent, [recording], own_share=0.25)
+    assert link.warm_rows == 300 and len(agent.buffer) == 300  # not from nothing
+    _write(pool, 300, 100, writer=9)
+    agent.train_iteration(recording)  # type: ignore[arg-type]
+    metrics = link.sync()
+    # 4 own rows, own share 0.25: at most 12 of the others' 100 new rows, the newest
+    assert len(agent.buffer) == 300 + 4 + 12
+    assert metrics["pool/ingested"] == 312 and metrics["pool/skipped"] == 88
+    # actions stored in the agent's scale: env action a in [-2, 2] -> a / 2
+    assert torch.allclose(agent.buffer.action[304:316, 0], torch.arange(388, 400) / 2000)
+
+
+def test_actions_map_to_each_consumer_scale() -> None:
+    agent = SACAgent(OBS, ACT, SACConfig(num_envs=1), torch.device("cpu"), seed=0)
+    scaled = to_agent_scale(agent, torch.tensor([[-2.0], [0.0], [2.0], [3.0]]))
+    assert scaled is not None and scaled[:, 0].tolist() == [-1.0, 0.0, 1.0, 1.0]
+
