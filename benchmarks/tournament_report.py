@@ -141,7 +141,7 @@ def _pool_lines(rows: dict[str, Row]) -> list[str]:
             if not r.failed:
                 share = ", ".join(f"{a} {v:.2f}" for a, v in sorted(r.pool_share.items()))
                 lines.append(f"pool share of training data, {method} s{r.seed}: "
-                             f"{share or 'no checkpoints'}")
+                             f"{share or 'not recorded per checkpoint (a live metric)'}")
     return lines
 
 

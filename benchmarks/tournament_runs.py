@@ -67,10 +67,9 @@ only to catch a target) and a snapshot evaluation every ``snapshot_every_s`` (60
 intermediate bests a lone ``podracer train`` pod publishes. Evaluating every 20 s on
 HalfCheetah, as this benchmark did, cost 2-3.6 s of 16 episodes each time: 10-15% of
 the training time."""
-POOL_OFF: dict[str, Any] = {}
+POOL_OFF: dict[str, Any] = {"experience_pool": False}
 """Experiment overrides that switch the shared experience pool off, for the
-``tournament-nopool`` row (the ablation). Empty while the pool does not exist: the row
-then repeats the tournament, and the report says so. The pool's author fills it in."""
+``tournament-nopool`` row (the ablation)."""
 T = TypeVar("T")
 
 
@@ -170,9 +169,11 @@ def _first_hit(entries: list[Entry], target: float) -> Entry | None:
 
 def pool_shares(entries: list[Entry]) -> dict[str, float]:
     """Per algorithm of ``entries``: the share of its training transitions drawn from the
-    shared experience pool. 0 for all while the pool does not exist (no checkpoint
-    records pool transitions yet); the pool's author replaces the 0 with the record."""
-    return {e.algorithm: 0.0 for e in entries}
+    shared experience pool, where a checkpoint records it. None does yet: the share is a
+    live metric of the pods (``pool/share_of_data``, shown by ``podracer status``), so
+    this is empty and the report says the share was not recorded."""
+    del entries
+    return {}
 
 
 def run_tournament(task: Task, seed: int, budget: float, out: Path, pool: bool = True
