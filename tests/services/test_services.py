@@ -166,7 +166,7 @@ def _checkpoint(rig: Rig, score: float, **changes: Any) -> Checkpoint:
 async def test_updater_stores_once_rejects_bad_and_announces(
     rig: Rig, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    trust_scores(monkeypatch)  # about storing; claims: tests/hostile/test_hostile_claims.py
+    trust_scores(monkeypatch)  # about storing; claims: tests/hostile/test_claims.py
     async with rig.transport.subscribe(["leaderboard.changed"]) as events:
         ctx, task = rig.service(updater_service.main, "updater")
         good = _checkpoint(rig, -500.0)
