@@ -61,6 +61,7 @@ from broker.transports.sync_client import (
     QueueStats,
     SyncClient,
     Unroutable,
+    browse,
 )
 
 log = logging.getLogger(__name__)
@@ -223,19 +224,8 @@ class BrokerAdmin(SyncClient):
         return self._call(lambda ch: self._peek_info(ch, dead, limit), what=dead)
 
     def _peek_info(self, channel: BlockingChannel, dead: str, limit: int) -> list[DeadLetterInfo]:
-        letters: list[DeadLetterInfo] = []
-        last_tag = 0
-        try:
-            for _ in range(limit):
-                method, props, _body = channel.basic_get(dead, auto_ack=False)
-                if method is None:
-                    break
-                last_tag = method.delivery_tag
-                letters.append(describe_dead(props.message_id, props.type, props.headers))
-        finally:
-            if last_tag and channel.is_open:
-                channel.basic_nack(delivery_tag=last_tag, multiple=True, requeue=True)
-        return letters
+        return browse(channel, dead, limit, lambda props, _body: describe_dead(
+            props.message_id, props.type, props.headers))
 
     def requeue(self, queue: str, ids: Collection[str] | None = None) -> int:
         """Send dead letters of ``queue`` back to it: those whose id is in ``ids``, or

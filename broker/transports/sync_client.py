@@ -43,6 +43,7 @@ from broker.transports.urls import amqp_addresses
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+R = TypeVar("R")
 PUBLISH_TRIES = 3
 PREVIEW_CHARS = 160
 REQUEUE_WAIT = 2.0
@@ -157,18 +158,7 @@ class SyncClient:
 
     def _peek(self, channel: BlockingChannel, dead: str, n: int) -> list[DeadLetter]:
         depth = channel.queue_declare(dead, passive=True).method.message_count
-        letters: list[DeadLetter] = []
-        last_tag = 0
-        try:
-            for _ in range(n):
-                method, props, body = channel.basic_get(dead, auto_ack=False)
-                if method is None:
-                    break
-                last_tag = method.delivery_tag
-                letters.append(_dead_letter(dead, props, body))
-        finally:
-            if last_tag and channel.is_open:
-                channel.basic_nack(delivery_tag=last_tag, multiple=True, requeue=True)
+        letters = browse(channel, dead, n, lambda props, body: _dead_letter(dead, props, body))
         if letters:
             self._wait_for_depth(channel, dead, depth)
         return letters
@@ -376,3 +366,22 @@ def _text(value: Any) -> str | None:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return None if value is None else str(value)
+
+
+def browse(channel: BlockingChannel, queue: str, n: int,
+           read: Callable[[pika.BasicProperties, bytes], R]) -> list[R]:
+    """``read(properties, body)`` of up to ``n`` messages of ``queue``, all left in place:
+    taken unacked, then nacked back together (requeued in their order)."""
+    out: list[R] = []
+    last_tag = 0
+    try:
+        for _ in range(n):
+            method, props, body = channel.basic_get(queue, auto_ack=False)
+            if method is None:
+                break
+            last_tag = method.delivery_tag
+            out.append(read(props, body))
+    finally:
+        if last_tag and channel.is_open:
+            channel.basic_nack(delivery_tag=last_tag, multiple=True, requeue=True)
+    return out
