@@ -8,8 +8,11 @@ copy's first episode). Counting "whichever episodes finish first" instead would 
 short episodes, which in many envs are the failures.
 
 An env that holds out validation data of its own (``HoldsOutValidation``: a stock env
-whose name gives a validation window) is scored on its ``validation_env()`` instead, so
-every score (in a round, by the updater, by ``podracer evaluate``) ranks on it.
+whose name gives validation windows) is scored on its ``validation_envs()`` instead, so
+every score (in a round, by the updater, by ``podracer evaluate``) ranks on them: each
+window gets ``episodes`` episodes, and the env's ``validation_score`` makes one score of
+the windows' means (a policy that does well in one regime only ranks lower). The std is
+then the spread of the windows' means.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -32,8 +35,12 @@ log = logging.getLogger(__name__)
 class HoldsOutValidation(Protocol):
     """An env whose evaluations score on held-out days of its own."""
 
-    def validation_env(self) -> VecEnv:
-        """The env to score on: as many copies, the validation data."""
+    def validation_envs(self) -> Sequence[VecEnv]:
+        """The envs to score on, one per validation window: as many copies each."""
+        ...
+
+    def validation_score(self, returns: Sequence[float]) -> float:
+        """One score from each window's mean return."""
         ...
 
 
@@ -70,7 +77,19 @@ def evaluate(
     if episodes < 1:
         raise ConfigError("episodes", f"must be >= 1, got {episodes}")
     if isinstance(env, HoldsOutValidation):
-        env = env.validation_env()
+        windows = [_run(agent_act, e, episodes, seed, max_steps)
+                   for e in env.validation_envs()]
+        if len(windows) == 1:
+            return windows[0]
+        means = [w.mean for w in windows]
+        spread = float(torch.tensor(means, dtype=torch.float64).std(unbiased=False))
+        return EvalResult(mean=env.validation_score(means), std=spread,
+                          episodes=episodes * len(windows))
+    return _run(agent_act, env, episodes, seed, max_steps)
+
+
+def _run(agent_act: Callable[[torch.Tensor], torch.Tensor], env: VecEnv, episodes: int,
+         seed: int | None, max_steps: int) -> EvalResult:
     obs, _ = env.reset(seed=seed)
     device = obs.device
     targets = _targets(episodes, env.num_envs, device)

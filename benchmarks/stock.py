@@ -52,6 +52,8 @@ from broker.core.schemas import Budget
 from broker.core.settings import read_experiment, settings_from_env
 from envs.registry import make_env
 from envs.stock.backtest import run_policy
+from envs.stock.factory import phase_env
+from envs.stock.spec import AGGREGATES, aggregate
 from podracer.backtest_market import METRICS, baselines, curve, market
 
 EXPERIMENT = Path("examples/stock_sp20.toml")
@@ -76,8 +78,9 @@ def _figures(label: str, values: Any) -> Figures:
     return {field: getattr(metrics, field) for _, field, _ in METRICS}
 
 
-def run_tournament(seed: int, budget: float) -> dict[str, Figures]:
-    """The example's tournament; its top-1 and top-3 backtested."""
+def run_tournament(seed: int, budget: float) -> tuple[dict[str, Figures], dict[str, float]]:
+    """The example's tournament; its top-1 and top-3 backtested, and the rank correlations
+    of its checkpoints' validation scores with their backtest returns (``correlations``)."""
     from leaderboard.export import policy_from_store
     from leaderboard.store import LeaderboardStore
     from podracer.train import train
@@ -99,6 +102,39 @@ def run_tournament(seed: int, budget: float) -> dict[str, Figures]:
             found[label] = _figures(label, run_policy(policy, where.env))
         print(f"  tournament s{seed}: {store.count()} checkpoints; best "
               f"{store.top(1)[0].algorithm} {store.top(1)[0].id[:12]}", flush=True)
+        rho = correlations(store, exp.env, where)
+        print(f"  tournament s{seed}: rank correlation validation -> backtest over "
+              f"{store.count()} checkpoints: "
+              + ", ".join(f"{k} {v:.2f}" for k, v in rho.items()), flush=True)
+    return found, rho
+
+
+def correlations(store: Any, env_name: str, where: Any) -> dict[str, float]:
+    """Spearman's rank correlation of each stored checkpoint's validation score with its
+    backtest return: ``leaderboard score``: the score the leaderboard ranked it by, then by each
+    aggregate (``envs.stock.spec.AGGREGATES``) of its returns on the env's validation
+    windows (backtested afresh, so every aggregate is measured on the same run)."""
+    from leaderboard.export import policy_from_store
+    from podracer.backtest_market import stock_spec
+    from podracer.backtest_snapshots import backtest_snapshots, rank_correlation
+
+    snapshots = backtest_snapshots(store, lambda ids: policy_from_store(store, ids), where)
+    returns = [s.curve.metrics.cumulative_return for s in snapshots]
+    scores = [s.entry.score_mean for s in snapshots]
+    found = {"leaderboard score": rank_correlation(scores, returns)}
+    spec = stock_spec(env_name)
+    if len(spec.validations) < 2:
+        return found
+    windows = [phase_env(spec, "validation", 1, CPU, window=w) for w in spec.validations]
+    per_window = []
+    for s in snapshots:
+        policy = policy_from_store(store, [s.entry.id])
+        values = [run_policy(policy, w) for w in windows]
+        per_window.append([float(v[-1] / v[0] - 1.0) for v in values])
+    for name in AGGREGATES:
+        found[name] = rank_correlation([aggregate(name, r) for r in per_window], returns)
+    for i, w in enumerate(spec.validations):
+        found[str(w)] = rank_correlation([r[i] for r in per_window], returns)
     return found
 
 
@@ -169,6 +205,50 @@ def table(results: dict[str, list[Figures]], fixed: set[str]) -> str:
                      for row in [head, *rows])
 
 
+RATIO_OF = (("Sharpe", "sharpe_ratio"), ("cumulative return", "cumulative_return"))
+"""The metrics ``ratios`` compares (higher is better for both)."""
+
+
+def ratios(results: dict[str, list[Figures]], markets: list[str]) -> str:
+    """Each trained row's mean Sharpe and cumulative return over PPO alone's and each
+    market baseline's (a ratio > 1: better; "-" when the reference is <= 0 or missing)."""
+    means = {label: {f: statistics.fmean(r[f] for r in runs) for _, f in RATIO_OF}
+             for label, runs in results.items()}
+    refs = [r for r in ("ppo", *markets) if r in means]
+    head = ["ratio of means", *(f"{name} / {ref.split(' (')[0]}" for name, _ in RATIO_OF
+                                for ref in refs)]
+    rows = []
+    for label in (k for k in means if k not in markets):
+        cells = [label]
+        for _, field in RATIO_OF:
+            for ref in refs:
+                base = means[ref][field]
+                cells.append(f"{means[label][field] / base:.2f}x" if base > 0 else "-")
+        rows.append(cells)
+    return _columns([head, *rows])
+
+
+def rank_table(rhos: list[dict[str, float]]) -> str:
+    """Spearman's rank correlation (validation score -> backtest return over a run's stored
+    checkpoints) per tournament seed and their mean; one row per way of scoring."""
+    keys = list(dict.fromkeys(k for rho in rhos for k in rho))
+    head = ["rank correlation", *(f"s{i}" for i in range(len(rhos))), "mean"]
+    rows = []
+    for key in keys:
+        xs = [rho.get(key, math.nan) for rho in rhos]
+        finite = [x for x in xs if math.isfinite(x)]
+        mean = statistics.fmean(finite) if finite else math.nan
+        rows.append([key, *(f"{x:.2f}" for x in xs), f"{mean:.2f}"])
+    return _columns([head, *rows])
+
+
+def _columns(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+                     for row in rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the plan, print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -189,16 +269,21 @@ def main(argv: list[str] | None = None) -> int:
     print(backtest_speed(), flush=True)
     OUT.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[Figures]] = {}
+    rhos: list[dict[str, float]] = []
     raw: list[dict[str, Any]] = []
     for seed in range(seeds):
         for method in methods:
             started = time.monotonic()
-            rows = (in_subprocess(run_tournament, seed, budget) if method == "tournament"
-                    else in_subprocess(run_lone, method, seed, budget))
+            if method == "tournament":
+                rows, rho = in_subprocess(run_tournament, seed, budget)
+                rhos.append(rho)
+            else:
+                rows, rho = in_subprocess(run_lone, method, seed, budget), {}
             for label, figures in rows.items():
                 results.setdefault(label, []).append(figures)
                 raw.append({"row": label, "seed": seed, "budget_s": budget,
-                            "wall_s": time.monotonic() - started, **figures})
+                            "wall_s": time.monotonic() - started, **figures,
+                            **({"rank_correlation": rho} if label == "tournament" else {})})
             (OUT / "results.json").write_text(json.dumps(raw, indent=1))
     market_figures = market_rows()
     for label, figures in market_figures.items():
@@ -206,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nbacktest 2019-05-13 .. 2021-05-26, $1,000,000, cost 0.2 %; mean ± std over "
           f"seeds; equal wall time {budget:g} s per training")
     print(table(results, set(market_figures)))
+    print("\n" + ratios(results, list(market_figures)))
+    if rhos:
+        print("\n" + rank_table(rhos))
     return 0
 
 

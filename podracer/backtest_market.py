@@ -83,9 +83,9 @@ def market(env_name: str, *, csv_path: str | None = None, start: str | None = No
     if cost is not None:
         given["buy_cost"] = given["sell_cost"] = cost
     env = phase_env(spec, "backtest", 1, device, window=window, **given)
-    overlaps = [f"{phase} {w}" for phase in ("train", "validation")
-                if (w := spec.window(phase)) is not None
-                and w.start <= window.end and window.start <= w.end]
+    named = [("train", spec.window("train")), *(("validation", v) for v in spec.validations)]
+    overlaps = [f"{phase} {w}" for phase, w in named
+                if w is not None and w.start <= window.end and window.start <= w.end]
     return Market(env, env.config.initial_cash, env.config.buy_cost,
                   ", ".join(overlaps) or None)
 

@@ -104,16 +104,20 @@ def draw_snapshots(snapshots: Sequence[Snapshot], markets: Sequence[Curve], path
     return path
 
 
-def _rank_correlation(snapshots: Sequence[Snapshot]) -> float:
-    """Spearman's correlation of validation score and out-of-sample return (NaN if < 3)."""
-    if len(snapshots) < 3:
+def rank_correlation(scores: Sequence[float], returns: Sequence[float]) -> float:
+    """Spearman's correlation of ``scores`` and ``returns`` (pairs; NaN if < 3 or flat)."""
+    if len(scores) < 3:
         return float("nan")
-    ranks = [np.argsort(np.argsort(values)) for values in (
-        [s.entry.score_mean for s in snapshots],
-        [s.curve.metrics.cumulative_return for s in snapshots])]
+    ranks = [np.argsort(np.argsort(values)) for values in (scores, returns)]
     if ranks[0].std() == 0 or ranks[1].std() == 0:
         return float("nan")
     return float(np.corrcoef(ranks[0], ranks[1])[0, 1])
+
+
+def _rank_correlation(snapshots: Sequence[Snapshot]) -> float:
+    """Validation score (the leaderboard's) against out-of-sample return, over snapshots."""
+    return rank_correlation([s.entry.score_mean for s in snapshots],
+                            [s.curve.metrics.cumulative_return for s in snapshots])
 
 
 def _best_so_far(snapshots: Sequence[Snapshot]) -> list[Snapshot]:

@@ -25,7 +25,7 @@ from envs.stock.features import MarketFeatures, build_features
 from envs.stock.indicators import DEFAULT_INDICATORS
 from envs.stock.loader import Align, Missing, load_market_data
 from envs.stock.market import DateLike, MarketData, as_day
-from envs.stock.spec import PHASES, StockSpec, Window, parse_spec
+from envs.stock.spec import PHASES, StockSpec, Window, aggregate, parse_spec
 
 DEFAULTS: Mapping[str, Any] = {
     "tickers": None, "missing": "error", "align": "error", "indicators": DEFAULT_INDICATORS,
@@ -37,23 +37,35 @@ _CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(StockEnvConfig))
 
 
 class ValidatedStockEnv(StockTradingEnv):
-    """A training env whose evaluations score on its validation window instead.
+    """A training env whose evaluations score on its validation windows instead.
 
-    ``agents.evaluator.evaluate`` calls ``validation_env()``: the same number of copies
-    over the validation days, from their first day, no random start, no step cap."""
+    ``agents.evaluator.evaluate`` calls ``validation_envs()``: per window, the same number
+    of copies over its days, from their first day, no random start, no step cap; and
+    ``validation_score`` to make one score of the windows' returns."""
 
     def __init__(self, features: MarketFeatures, num_envs: int, device: torch.device | str,
                  config: StockEnvConfig,
-                 validation: Callable[[int, torch.device], StockTradingEnv]) -> None:
+                 validation: Callable[[int, torch.device], list[StockTradingEnv]],
+                 score: str = "mean") -> None:
         super().__init__(features, num_envs, device, config)
         self._make_validation = validation
-        self._validation: StockTradingEnv | None = None
+        self._validation: list[StockTradingEnv] | None = None
+        self.score = score
+        """How the windows' returns combine (``envs.stock.spec.AGGREGATES``)."""
 
-    def validation_env(self) -> StockTradingEnv:
-        """The validation env (built once, then kept with this env)."""
+    def validation_envs(self) -> list[StockTradingEnv]:
+        """One env per validation window, in date order (built once, then kept)."""
         if self._validation is None:
             self._validation = self._make_validation(self.num_envs, self.device)
         return self._validation
+
+    def validation_env(self) -> StockTradingEnv:
+        """The latest validation window's env (what a one-window name validates on)."""
+        return self.validation_envs()[-1]
+
+    def validation_score(self, returns: Sequence[float]) -> float:
+        """One score from each window's mean return (``envs.stock.spec.aggregate``)."""
+        return aggregate(self.score, returns)
 
 
 # Process-wide on purpose: every env of a pod (training, evaluation, validation) and a
@@ -142,11 +154,13 @@ def phase_env(spec: StockSpec, phase: str, num_envs: int, device: torch.device |
     changes = {} if phase == "train" else {"random_start": False, "max_steps": None}
     config = _config(options, **changes)
     features = features_until(options, spec.path, window.end, window.start)
-    if phase == "train" and spec.window("validation") is not None:
-        def validation(copies: int, dev: torch.device) -> StockTradingEnv:
-            return phase_env(spec, "validation", copies, dev, **given)
+    if phase == "train" and spec.validations:
+        def validation(copies: int, dev: torch.device) -> list[StockTradingEnv]:
+            return [phase_env(spec, "validation", copies, dev, window=w, **given)
+                    for w in spec.validations]
 
-        return ValidatedStockEnv(features, num_envs, device, config, validation)
+        return ValidatedStockEnv(features, num_envs, device, config, validation,
+                                 spec.validation_score)
     return StockTradingEnv(features, num_envs, device, config)
 
 

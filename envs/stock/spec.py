@@ -10,7 +10,13 @@ checkpoint and exported policy. So the stock env's options ride in it as a query
 
 * ``train``: the days the agents train on.
 * ``validation``: the days every evaluation scores on (``agents.evaluator.evaluate``
-  asks the env for its ``validation_env()``), so the leaderboard ranks on them.
+  asks the env for its ``validation_envs()``), so the leaderboard ranks on them. Several
+  windows, comma-separated (``validation=2015-01-01..2015-12-31,2018-05-13..2019-05-12``),
+  score a checkpoint over several market regimes: each window is one episode of its own,
+  and ``validation_score`` combines their returns (``mean``, the default; ``worst``, the
+  lowest; ``mean-std``, the mean less the spread across windows). A validation window
+  lies before or after the train window, never inside it (training never sees a day it
+  is validated on); windows of equal length compare best (a return is a sum over days).
 * ``backtest``: the default window of ``podracer backtest``; training and validation
   never load a row of it (each phase's env is built from the rows up to its own last
   day, which also keeps indicators free of look-ahead by construction).
@@ -19,14 +25,15 @@ The other keys are ``envs.stock.make``'s keywords: ``tickers`` and ``indicators`
 (comma-separated), ``missing``, ``align``, ``turbulence_window``, ``hmax``,
 ``initial_cash``, ``buy_cost``, ``sell_cost``, ``cost`` (both fees),
 ``reward_scaling``, ``turbulence_threshold``, ``random_start`` (true/false) and
-``max_steps``.
+``max_steps``; ``validation_score`` is the name's own (see above).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Mapping
+import statistics
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,6 +42,8 @@ from broker.core.errors import ConfigError
 from envs.stock.market import as_day
 
 PHASES = ("train", "validation", "backtest")
+AGGREGATES = ("mean", "worst", "mean-std")
+"""How ``validation_score`` combines the returns of several validation windows."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,13 +99,34 @@ def _text(text: str, field: str) -> str:
     return text
 
 
+def _aggregate(text: str, field: str) -> str:
+    if text not in AGGREGATES:
+        raise ConfigError(field, f"{text!r} is not an aggregate", f"use {', '.join(AGGREGATES)}")
+    return text
+
+
+def aggregate(name: str, returns: Sequence[float]) -> float:
+    """The validation score of one return per window (``AGGREGATES``)."""
+    if not returns:
+        raise ConfigError("validation", "no validation window to score on",
+                          "add validation=START..END to the env name")
+    mean = statistics.fmean(returns)
+    if name == "worst":
+        return min(returns)
+    if name == "mean-std":
+        return mean - statistics.pstdev(returns)
+    return mean
+
+
 _KEYS: dict[str, Callable[[str, str], Any]] = {
     "tickers": _names, "indicators": _names, "missing": _text, "align": _text,
     "turbulence_window": _number(int), "hmax": _number(int), "max_steps": _number(int),
     "initial_cash": _number(float), "buy_cost": _number(float), "sell_cost": _number(float),
     "cost": _number(float), "reward_scaling": _number(float),
     "turbulence_threshold": _number(float), "random_start": _bool,
+    "validation_score": _aggregate,
 }
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,24 +136,46 @@ class StockSpec:
     path: str
     """The CSV, as written (relative paths are relative to the working directory)."""
     windows: Mapping[str, Window]
-    """``train``, ``validation`` and ``backtest`` windows given in the name."""
+    """``train``, ``validation`` and ``backtest`` windows given in the name (of several
+    validation windows, the latest)."""
     options: Mapping[str, Any]
     """``make`` keywords given in the name (``cost`` already split in two fees)."""
+    validations: tuple[Window, ...] = ()
+    """Every validation window, in date order (empty: none given)."""
+    validation_score: str = "mean"
+    """How the validation windows' returns make one score (``AGGREGATES``)."""
 
     def window(self, phase: str) -> Window | None:
         """The window of ``phase`` (``None`` when the name does not give it)."""
         return self.windows.get(phase)
 
 
-def _check_order(windows: Mapping[str, Window], name: str) -> None:
-    given = [(phase, windows[phase]) for phase in PHASES if phase in windows]
-    if "validation" in windows and "train" not in windows:
+def _check_order(windows: Mapping[str, Window], validations: Sequence[Window],
+                 name: str) -> None:
+    """Train before backtest; each validation window outside train (before or after it),
+    apart from the others, and before the backtest."""
+    if validations and "train" not in windows:
         raise ConfigError("validation", f"{name} has a validation window but no train window",
                           "add train=START..END before it")
-    for (first, a), (second, b) in itertools.pairwise(given):
+    train, backtest = windows.get("train"), windows.get("backtest")
+    if train is not None and backtest is not None and not train.end < backtest.start:
+        raise ConfigError("backtest", f"backtest {backtest} does not start after train "
+                          f"{train} ends", f"make the windows follow each other: "
+                          f"{', '.join(PHASES)}")
+    for a, b in itertools.pairwise(validations):
         if not a.end < b.start:
-            raise ConfigError(second, f"{second} {b} does not start after {first} {a} ends",
-                              f"make the windows follow each other: {', '.join(PHASES)}")
+            raise ConfigError("validation", f"validation windows {a} and {b} overlap",
+                              "give them in date order, apart")
+    for v in validations:
+        if train is not None and v.start > train.start and not train.end < v.start:
+            raise ConfigError("validation", f"validation {v} does not start after train "
+                              f"{train} ends", "move it after (or wholly before) train")
+        if train is not None and v.start <= train.start and not v.end < train.start:
+            raise ConfigError("validation", f"validation {v} does not end before train "
+                              f"{train} starts", "move it before (or wholly after) train")
+        if backtest is not None and not v.end < backtest.start:
+            raise ConfigError("backtest", f"backtest {backtest} does not start after "
+                              f"validation {v} ends", "validate before the backtest")
 
 
 def parse_spec(target: str) -> StockSpec:
@@ -133,6 +185,7 @@ def parse_spec(target: str) -> StockSpec:
         raise ConfigError("env name", f"stock/{target} names no CSV file",
                           "write stock/<csv path>?train=START..END&...")
     windows: dict[str, Window] = {}
+    validations: list[Window] = []
     options: dict[str, Any] = {}
     for item in filter(None, query.split("&")):
         key, sep, value = item.partition("=")
@@ -140,7 +193,11 @@ def parse_spec(target: str) -> StockSpec:
         if not sep:
             raise ConfigError("env name", f"{item!r} in stock/{target} has no '='",
                               "write key=value pairs joined by '&'")
-        if key in PHASES:
+        if key == "validation":
+            validations = sorted((parse_window(part, key) for part in value.split(",")),
+                                 key=lambda w: w.start)
+            windows[key] = validations[-1]
+        elif key in PHASES:
             windows[key] = parse_window(value, key)
         elif key in _KEYS:
             options[key] = _KEYS[key](value.strip(), key)
@@ -153,5 +210,6 @@ def parse_spec(target: str) -> StockSpec:
             if fee in options:
                 raise ConfigError(fee, "given together with cost", "give cost or the two fees")
             options[fee] = cost
-    _check_order(windows, f"stock/{target}")
-    return StockSpec(path, windows, options)
+    _check_order(windows, validations, f"stock/{target}")
+    score = options.pop("validation_score", "mean")
+    return StockSpec(path, windows, options, tuple(validations), score)
