@@ -205,17 +205,19 @@ def table(results: dict[str, list[Figures]], fixed: set[str]) -> str:
                      for row in [head, *rows])
 
 
-RATIO_OF = (("Sharpe", "sharpe_ratio"), ("cumulative return", "cumulative_return"))
+RATIO_OF = (("Sharpe", "sharpe_ratio"), ("return", "cumulative_return"))
 """The metrics ``ratios`` compares (higher is better for both)."""
 
 
 def ratios(results: dict[str, list[Figures]], markets: list[str]) -> str:
-    """Each trained row's mean Sharpe and cumulative return over PPO alone's and each
-    market baseline's (a ratio > 1: better; "-" when the reference is <= 0 or missing)."""
+    """Each trained row's mean Sharpe and cumulative return over PPO alone's (``ppo``) and
+    each market baseline's (``b&h``: buy-and-hold, ``rebal``: rebalanced daily); a ratio
+    > 1 is better, "-" when the reference is <= 0."""
     means = {label: {f: statistics.fmean(r[f] for r in runs) for _, f in RATIO_OF}
              for label, runs in results.items()}
     refs = [r for r in ("ppo", *markets) if r in means]
-    head = ["ratio of means", *(f"{name} / {ref.split(' (')[0]}" for name, _ in RATIO_OF
+    short = {"ppo": "ppo", markets[0]: "b&h", markets[-1]: "rebal"} if markets else {}
+    head = ["ratio of means", *(f"{name} / {short.get(ref, ref)}" for name, _ in RATIO_OF
                                 for ref in refs)]
     rows = []
     for label in (k for k in means if k not in markets):
