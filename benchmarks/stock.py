@@ -2,13 +2,14 @@
 
 Every training run gets the same wall budget (``--budget``, default 600 s) on
 ``examples/stock_sp20.toml`` (20 S&P 500 stocks, daily; train 2016-01-01..2018-05-12,
-validation 2018-05-13..2019-05-12), one run at a time in a fresh process, and is then
+validation its windows: 2014, 2015, 2018-05-13..2019-05-12), one run at a time in a
+fresh process, and is then
 backtested on 2019-05-13..2021-05-26, which no training or validation step loaded.
 $1,000,000 capital, 0.2 % cost per trade. Rows:
 
 * ``tournament``: ``podracer train`` of the example (PPO:SAC:TD3 = 1:1:1, embedded
   mode, the machine's default pods); its leaderboard's best checkpoint (ranked on the
-  validation window).
+  validation windows).
 * ``top-3 ensemble``: the same run's 3 best checkpoints, actions averaged (what
   ``podracer export --top 3`` writes).
 * ``ppo`` (the paper's vanilla), ``sac``, ``td3``: ONE agent with the example's
@@ -19,7 +20,12 @@ $1,000,000 capital, 0.2 % cost per trade. Rows:
   (``envs.stock.backtest``); the same every seed.
 
 The table shows the paper's five metrics as mean ± std over seeds (``--seeds``, default
-3). Raw results: ``runs/bench-stock/results.json`` (after every run); the tournament
+3); a second table each trained row's Sharpe and cumulative return as ratios to PPO
+alone's and to both baselines'; a third, per tournament seed and their mean, Spearman's
+rank correlation between each stored checkpoint's validation score and its backtest
+return (``podracer.backtest_snapshots.rank_correlation``): by the score the leaderboard
+ranked on, by each ``validation_score`` aggregate of its validation windows, and by each
+window alone (does selecting on validation pick what trades well later?). Raw results: ``runs/bench-stock/results.json`` (after every run); the tournament
 stores: ``runs/bench-stock/tournament-s<seed>``. It also prints how long one policy's
 backtest of the whole window takes.
 

@@ -64,3 +64,35 @@ def test_best_snapshot_keeps_a_copy_of_the_best_state() -> None:
     assert best.offer(EvalResult(-5.0, 1.0, 4), lambda: weights, env_steps=9)
     assert best.state is not None and float(best.state["w"]) == 2.0
     assert best.result is not None and best.result.mean == -5.0 and best.env_steps == 9
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "sac"])
+def test_scores_on_episodes_the_agent_did_not_train_on(algorithm: str) -> None:
+    # the agent resets its training env with a seed from its own RNG; an evaluation
+    # resets its own env unseeded (fresh entropy), so its episodes start elsewhere
+    from agents.build import build_agent
+    from agents.registry import default_registry
+    from envs.registry import make_env
+
+    starts: dict[str, list[torch.Tensor]] = {"train": [], "eval": []}
+
+    def spied(kind: str, copies: int) -> object:
+        env = make_env("torch/Pendulum-v1", copies)
+        reset = env.reset
+
+        def spy(*, seed: int | None = None) -> object:
+            obs, info = reset(seed=seed)
+            starts[kind].append(obs.clone())
+            return obs, info
+
+        env.reset = spy  # type: ignore[method-assign]
+        return env
+
+    train_env, eval_env = spied("train", 8), spied("eval", 8)
+    agent = build_agent(default_registry(), algorithm, {"num_envs": 8}, train_env,
+                        torch.device("cpu"), 0)
+    agent.explore(train_env, 4)
+    evaluate(lambda obs: agent.act(obs, True), eval_env, 8)
+    trained, scored = torch.cat(starts["train"]), torch.cat(starts["eval"])
+    assert trained.shape == scored.shape == (8, 3)
+    assert not (trained[:, None, :] == scored[None, :, :]).all(-1).any()

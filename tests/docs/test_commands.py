@@ -161,7 +161,8 @@ def test_stock_commands_run(tmp_path: Path) -> None:
     trained = ok(run_podracer("train", "examples/stock_sp20.toml", "--budget", "40s",
                               "--round-budget", "15s", "--out", str(run), "--quiet",
                               timeout=200))
-    assert "validation=2018-05-13..2019-05-12" in trained
+    assert ("validation=2014-01-01..2014-12-31,2015-01-01..2015-12-31,2018-05-13..2019-05-12"
+            in trained)  # three validation years by default
     top3 = ok(run_podracer("backtest", "--store", str(run), "--top", "3"))
     assert "2019-05-13 .. 2021-05-26 (515 trading days, 20 stocks)" in top3
     assert "buy-and-hold (equal weight)" in top3 and (run / "backtest.png").is_file()
