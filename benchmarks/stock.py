@@ -25,7 +25,9 @@ alone's and to both baselines'; a third, per tournament seed and their mean, Spe
 rank correlation between each stored checkpoint's validation score and its backtest
 return (``podracer.backtest_snapshots.rank_correlation``): by the score the leaderboard
 ranked on, by each ``validation_score`` aggregate of its validation windows, and by each
-window alone (does selecting on validation pick what trades well later?). Raw results: ``runs/bench-stock/results.json`` (after every run); the tournament
+window alone (does selecting on validation pick what trades well later?).
+
+Raw results: ``runs/bench-stock/results.json`` (after every run); the tournament
 stores: ``runs/bench-stock/tournament-s<seed>``. It also prints how long one policy's
 backtest of the whole window takes.
 
