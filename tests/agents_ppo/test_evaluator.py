@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
 
 from agents.evaluator import BestSnapshot, EvalResult, evaluate
 from broker.core.errors import PodracerError
+from envs.base import VecEnv
 from tests.agents_ppo.ppo_stub_envs import ScriptedEnv
 
 
@@ -76,11 +78,11 @@ def test_scores_on_episodes_the_agent_did_not_train_on(algorithm: str) -> None:
 
     starts: dict[str, list[torch.Tensor]] = {"train": [], "eval": []}
 
-    def spied(kind: str, copies: int) -> object:
+    def spied(kind: str, copies: int) -> VecEnv:
         env = make_env("torch/Pendulum-v1", copies)
         reset = env.reset
 
-        def spy(*, seed: int | None = None) -> object:
+        def spy(*, seed: int | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
             obs, info = reset(seed=seed)
             starts[kind].append(obs.clone())
             return obs, info
