@@ -249,7 +249,7 @@ def rank_table(rhos: list[dict[str, float]]) -> str:
         finite = [x for x in xs if math.isfinite(x)]
         mean = statistics.fmean(finite) if finite else math.nan
         rows.append([key, *(f"{x:.2f}" for x in xs), f"{mean:.2f}"])
-    return _columns([head, *rows])
+    return _columns([head, *rows]) + "\n(nan: fewer than 3 checkpoints, or all scores equal)"
 
 
 def _columns(rows: list[list[str]]) -> str:
