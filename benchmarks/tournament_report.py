@@ -6,7 +6,7 @@ import dataclasses
 import math
 import statistics
 
-from benchmarks.tournament_runs import POOL_OFF, RunResult, Task
+from benchmarks.tournament_runs import RunResult, Task
 from benchmarks.tournament_sb3 import SB3_METHODS
 
 TOURNAMENTS = ("tournament", "tournament-nopool")
@@ -129,20 +129,25 @@ def _raw(task: Task, rows: dict[str, Row]) -> list[str]:
     return lines
 
 
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def pool_line(method: str, r: RunResult) -> str:
+    """One tournament run's share of training data from the experience pool: the best
+    checkpoint's lineage, every member, and per algorithm (each a mean over checkpoints)."""
+    head = f"pool share of training data, {method} s{r.seed}: "
+    if r.pool_share_all is None:  # a run recorded before checkpoints carried it
+        return head + "not recorded"
+    algos = ", ".join(f"{a} {v:.2f}" for a, v in sorted(r.pool_share.items()))
+    return (head + f"best lineage ({r.algorithm or '-'}) {_share(r.pool_share_best)}, "
+            f"all members {_share(r.pool_share_all)} ({algos})")
+
+
 def _pool_lines(rows: dict[str, Row]) -> list[str]:
-    """The pool's share of each member algorithm's training data, per tournament run."""
-    lines = []
-    if "tournament-nopool" in rows and not POOL_OFF:
-        lines.append("(tournament-nopool: the experience pool does not exist yet, so this "
-                     "row repeats the tournament)")
-    for method in TOURNAMENTS:
-        row = rows.get(method)
-        for r in row.runs if row is not None else []:
-            if not r.failed:
-                share = ", ".join(f"{a} {v:.2f}" for a, v in sorted(r.pool_share.items()))
-                lines.append(f"pool share of training data, {method} s{r.seed}: "
-                             f"{share or 'not recorded per checkpoint (a live metric)'}")
-    return lines
+    """The pool's share of training data per tournament run (``pool_line``)."""
+    return [pool_line(method, r) for method in TOURNAMENTS if method in rows
+            for r in rows[method].runs if not r.failed]
 
 
 def report(tasks: list[Task], budgets: dict[str, float], results: list[RunResult]) -> str:
