@@ -57,11 +57,13 @@ def _rows(task: Task, cap: float, results: list[RunResult]) -> dict[str, Row]:
     return rows
 
 
-def _ratio(a: float, b: float | None) -> str:
+def ratio(a: float, b: float | None) -> str:
+    """``a / b`` to two decimals, ``-`` when ``b`` is missing, zero or either is NaN."""
     return "-" if b is None or b == 0 or math.isnan(a) or math.isnan(b) else f"{a / b:.2f}"
 
 
-def _time_cell(row: Row, cap: float) -> str:
+def time_cell(row: Row, cap: float) -> str:
+    """A time-to-target cell: ``> cap`` when every run missed, ``>= mean`` when some did."""
     if not row.values:
         return "n/a"
     if row.missed == len(row.values):
@@ -82,10 +84,10 @@ def _pendulum_table(task: Task, cap: float, rows: dict[str, Row]) -> list[str]:
         confirm = f"{statistics.fmean(confirms):.0f}" if confirms else "-"
         walls = [r.wall for r in row.runs if method in TOURNAMENTS and not r.failed]
         wall = f"{statistics.fmean(walls):.1f}" if walls else ""
-        lines.append(f"{method:{W}} {_time_cell(row, cap):>18} {len(row.values):>3} "
+        lines.append(f"{method:{W}} {time_cell(row, cap):>18} {len(row.values):>3} "
                      f"{len(row.values) - row.missed:>3}/{len(row.values):<3} {confirm:>8} "
-                     f"{_ratio(row.mean, best.mean if best else None):>11} "
-                     f"{_ratio(row.mean, sb3_mean):>10} {wall:>9}")
+                     f"{ratio(row.mean, best.mean if best else None):>11} "
+                     f"{ratio(row.mean, sb3_mean):>10} {wall:>9}")
     return lines
 
 
@@ -104,9 +106,9 @@ def _score_table(rows: dict[str, Row]) -> list[str]:
         cell = row.cell()
         beats = ("-" if not randoms or not row.values or method in RANDOM
                  else "yes" if all(row.mean > r.mean for r in randoms) else "no")
-        std_ratio = _ratio(row.std, spread.std if spread else None)
+        std_ratio = ratio(row.std, spread.std if spread else None)
         lines.append(f"{method:{W}} {cell:>20} {len(row.values):>3} "
-                     f"{_ratio(row.mean, best.mean if best else None):>11} {beats:>16} "
+                     f"{ratio(row.mean, best.mean if best else None):>11} {beats:>16} "
                      f"{std_ratio if len(row.values) > 1 else '-':>14}")
     return lines
 

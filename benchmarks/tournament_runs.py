@@ -137,11 +137,12 @@ class RunResult:
     """The run raised: no figures; left out of the statistics."""
 
 
-def in_subprocess(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` in a fresh spawned process, alone; its exception is re-raised here."""
+def in_subprocess(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` in a fresh spawned process, alone; its exception is
+    re-raised here."""
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
-        return pool.submit(fn, *args).result()
+        return pool.submit(fn, *args, **kwargs).result()
 
 
 def reevaluate(env_name: str, algorithm: str, hparams: Mapping[str, Scalar],
@@ -191,21 +192,27 @@ def pool_shares(entries: list[Entry]) -> dict[str, float]:
             for algo, group in sorted(by_algo.items())}
 
 
-def run_tournament(task: Task, seed: int, budget: float, out: Path, pool: bool = True
-                   ) -> RunResult:
+def run_tournament(task: Task, seed: int, budget: float, out: Path, pool: bool = True, *,
+                   overrides: Mapping[str, Any] | None = None, threads: int | None = None,
+                   method: str | None = None) -> RunResult:
     """The default ``podracer train`` for ``task.env`` in embedded mode, scored; without
-    the experience pool (``POOL_OFF``) when ``pool`` is False (the ablation row)."""
+    the experience pool (``POOL_OFF``) when ``pool`` is False (the ablation row).
+
+    ``overrides`` change the default experiment (``Experiment.with_overrides`` keys, e.g.
+    ``{"population.members": 1}``), ``threads`` the torch threads per pod (``--threads``;
+    None: the default), ``method`` the row's name (``benchmarks.lineages``)."""
     logging.basicConfig(level=logging.WARNING)
     exp = default_experiment(task.env, total_budget={"seconds": budget}, seed=seed,
-                             target_score=task.target, **({} if pool else POOL_OFF))
-    settings = settings_from_env(experiment=exp, store=out)
+                             target_score=task.target,
+                             **{**({} if pool else POOL_OFF), **(overrides or {})})
+    settings = settings_from_env(experiment=exp, store=out, torch_threads=threads)
     if out.exists():
         shutil.rmtree(out)  # a fresh store: entries of an older run would count
     started_wall, started = time.time(), time.monotonic()
     outcome = train(settings, out, progress=False)
     wall = time.monotonic() - started
-    result = RunResult(task.key, "tournament" if pool else "tournament-nopool", seed,
-                       wall=wall)
+    result = RunResult(task.key, method or ("tournament" if pool else "tournament-nopool"),
+                       seed, wall=wall)
     if outcome.exit_code != 0:
         result.error = f"train() exited with {outcome.exit_code}"
     with LeaderboardStore(out, create=False) as store:
