@@ -98,6 +98,10 @@ def run_config(task: Task, config: Config, seed: int, budget: float) -> RunResul
     return result
 
 
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def _value(task: Task, r: RunResult, cap: float) -> float | None:
     if task.target is not None:
         return cap if r.time_to_target is None else r.time_to_target
@@ -184,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
                 results = merge(results, [result])
                 save_results(path, budgets, plan, results)
                 print(f"[{key}] {config.name} seed {seed}: target at "
-                      f"{result.time_to_target}, score {result.score}, "
+                      f"{_fmt(result.time_to_target)} s, score {_fmt(result.score)}, "
                       f"{result.env_steps} steps, {result.checkpoints} ckpts, "
                       f"took {time.monotonic() - started:.0f} s"
                       + (f" ERROR {result.error}" if result.error else ""), flush=True)

@@ -8,9 +8,9 @@ machine). Rows:
   ``podracer.train.train``). Pods, round budget, torch threads and algorithms are the
   defaults, whatever they are: this row measures the defaults.
 * ``tournament-nopool``: the same without the shared experience pool (the ablation;
-  ``tournament_runs.POOL_OFF``). Until the pool exists it repeats ``tournament`` and the
-  report says so. Each tournament run also prints the pool's share of each member
-  algorithm's training data (0 until the pool exists).
+  ``tournament_runs.POOL_OFF``). Each tournament run also prints the share of training
+  data that came from the pool (``Checkpoint.pool_rows``; a mean over checkpoints): of
+  the best checkpoint's lineage, of every member, and per algorithm (0 without the pool).
 * ``ppo``, ``sac``, ``td3``: ONE agent with its tuned default hyperparameters, alone on
   the machine, run as the CLI's lone pod runs it (``podracer train --algos sac --pods 1
   --round-budget 290s``): one round for the whole budget, ONE torch thread, the pod's
