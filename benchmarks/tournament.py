@@ -8,9 +8,9 @@ machine). Rows:
   ``podracer.train.train``). Pods, round budget, torch threads and algorithms are the
   defaults, whatever they are: this row measures the defaults.
 * ``tournament-nopool``: the same without the shared experience pool (the ablation;
-  ``tournament_runs.POOL_OFF``). Until the pool exists it repeats ``tournament`` and the
-  report says so. Each tournament run also prints the pool's share of each member
-  algorithm's training data (0 until the pool exists).
+  ``tournament_runs.POOL_OFF``). Each tournament run also prints the share of training
+  data that came from the pool (``Checkpoint.pool_rows``; a mean over checkpoints): of
+  the best checkpoint's lineage, of every member, and per algorithm (0 without the pool).
 * ``ppo``, ``sac``, ``td3``: ONE agent with its tuned default hyperparameters, alone on
   the machine, run as the CLI's lone pod runs it (``podracer train --algos sac --pods 1
   --round-budget 290s``): one round for the whole budget, ONE torch thread, the pod's
@@ -69,9 +69,20 @@ Plans (rows x seeds):
     python -m benchmarks.tournament --tasks pendulum --seeds 1
     python -m benchmarks.tournament --tasks halfcheetah --methods tournament,sac --budget 600
 
-Results (every run, raw) go to ``runs/bench-tournament/results.json`` after each run;
-tournament stores to ``runs/bench-tournament/<task>/tournament-s<seed>``. The machine
-must be otherwise idle: the figures are wall-clock figures.
+Results accumulate across invocations: ``runs/bench-tournament/results.json`` holds every
+run so far (each run is added as it ends; a run of the same task, row, seed, draw and
+budget replaces the older one), and the tables are printed over every run in it of the
+tasks asked for at this invocation's budgets (runs at another budget are kept but not
+mixed in). ``--first-seed N`` skips the seeds below N, so a third seed is added to an
+earlier 2-seed run without repeating the first two::
+
+    python -m benchmarks.tournament --plan minimum --tasks hopper              # seeds 0-2
+    python -m benchmarks.tournament --plan minimum --tasks hopper --first-seed 2  # seed 2
+
+``--fresh`` moves an existing ``results.json`` aside (``results-<unix time>.json``) and
+starts an empty one. Tournament stores go to
+``runs/bench-tournament/<task>/<row>-s<seed>``. The machine must be otherwise idle: the
+figures are wall-clock figures.
 """
 
 from __future__ import annotations
@@ -138,7 +149,9 @@ def run_with_retry(task: Task, method: str, seed: int, draw: int | None, budget:
     """``run_one``; on an exception wait a minute and retry (other code may be in flux)."""
     for attempt in range(retries + 1):
         try:
-            return run_one(task, method, seed, draw, budget)
+            result = run_one(task, method, seed, draw, budget)
+            result.budget = budget
+            return result
         except Exception as exc:
             traceback.print_exc()
             error = f"{type(exc).__name__}: {exc}".splitlines()[0]
@@ -146,7 +159,7 @@ def run_with_retry(task: Task, method: str, seed: int, draw: int | None, budget:
                 print(f"[{task.key}] {method} seed {seed}: failed ({error}); retrying in 60 s",
                       flush=True)
                 time.sleep(60)
-    return RunResult(task.key, method, seed, draw, error=error, failed=True)
+    return RunResult(task.key, method, seed, draw, budget=budget, error=error, failed=True)
 
 
 def _describe(r: RunResult) -> str:
@@ -161,14 +174,51 @@ def _describe(r: RunResult) -> str:
             + (f" ERROR {r.error}" if r.error else ""))
 
 
-def execute(plan: Plan, budgets: dict[str, float], draws: int, retries: int
-            ) -> list[RunResult]:
-    """Every run of ``plan`` in turn (seed by seed, so early seeds give a full table)."""
-    results: list[RunResult] = []
+def _key(r: RunResult) -> tuple[str, str, int, int | None, float]:
+    return (r.task, r.method, r.seed, r.draw, r.budget)
+
+
+def load_results(path: Path) -> list[RunResult]:
+    """The runs recorded in ``path`` (none when it does not exist); a run recorded before
+    runs carried their budget gets the file's budget of its task."""
+    if not path.is_file():
+        return []
+    data = json.loads(path.read_text())
+    names = {f.name for f in dataclasses.fields(RunResult)}
+    runs = []
+    for raw in data.get("runs", []):
+        run = RunResult(**{k: v for k, v in raw.items() if k in names})
+        if not run.budget:
+            run.budget = float(data.get("budgets", {}).get(run.task, 0.0))
+        runs.append(run)
+    return runs
+
+
+def merge(old: list[RunResult], new: list[RunResult]) -> list[RunResult]:
+    """``old`` then ``new``; a new run replaces an old one of the same task, row, seed,
+    draw and budget (a repeated run counts once, the latest)."""
+    replaced = {_key(r) for r in new}
+    return [r for r in old if _key(r) not in replaced] + new
+
+
+def save_results(path: Path, budgets: dict[str, float], plan: Plan,
+                 runs: list[RunResult]) -> None:
+    """Write every run to ``path`` (atomically: a killed benchmark keeps the last file)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"budgets": budgets, "plan": plan,
+                               "runs": [dataclasses.asdict(r) for r in runs]}, indent=1))
+    tmp.replace(path)
+
+
+def execute(plan: Plan, budgets: dict[str, float], draws: int, retries: int,
+            first_seed: int = 0, earlier: list[RunResult] | None = None) -> list[RunResult]:
+    """Every run of ``plan`` from seed ``first_seed`` on, in turn (seed by seed, so early
+    seeds give a full table), added to the ``earlier`` runs; every run so far."""
+    results: list[RunResult] = list(earlier or [])
     OUT.mkdir(parents=True, exist_ok=True)
     for key, rows in plan.items():
         task = TASKS[key]
-        for seed in range(max(rows.values(), default=0)):
+        for seed in range(first_seed, max(rows.values(), default=0)):
             for method in (m for m in METHODS if rows.get(m, 0) > seed):
                 if method in SB3_METHODS and not tournament_sb3.available():
                     print(f"[{key}] {method}: skipped, Stable-Baselines3 is not installed "
@@ -177,12 +227,10 @@ def execute(plan: Plan, budgets: dict[str, float], draws: int, retries: int
                 for draw in (range(draws) if method in RANDOM else [None]):
                     started = time.monotonic()
                     result = run_with_retry(task, method, seed, draw, budgets[key], retries)
-                    results.append(result)
+                    results = merge(results, [result])
                     print(_describe(result) + f"; took {time.monotonic() - started:.0f} s",
                           flush=True)
-                    (OUT / "results.json").write_text(json.dumps(
-                        {"budgets": budgets, "plan": plan,
-                         "runs": [dataclasses.asdict(r) for r in results]}, indent=1))
+                    save_results(OUT / "results.json", budgets, plan, results)
     return results
 
 
@@ -234,6 +282,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget", type=float, default=None,
                         help="wall seconds per run, the cap on Pendulum (default: the task's)")
     parser.add_argument("--retries", type=int, default=1, help="retries of a failed run")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="skip the seeds below this one (add a seed to an earlier run)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="move results.json aside and start an empty one")
     parser.add_argument("--quick", action="store_true", help="smoke run, about 5 minutes")
     return parser.parse_args(argv)
 
@@ -241,6 +293,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Run the plan, print each run as it ends, then the tables and raw values."""
     args = _parse(argv)
+    if args.first_seed < 0:
+        raise ConfigError("--first-seed", f"must be >= 0, got {args.first_seed}", "e.g. 2")
     logging.basicConfig(level=logging.WARNING)
     plan = build_plan(args)
     budgets = {key: args.budget or (QUICK_BUDGET if args.quick else TASKS[key].budget)
@@ -249,9 +303,19 @@ def main(argv: list[str] | None = None) -> None:
     print("plan (seeds per row): " + "; ".join(
         f"{key}: " + ", ".join(f"{m} {n}" for m, n in rows.items() if n)
         for key, rows in plan.items()) + f"; random rows x {draws} draws", flush=True)
-    results = execute(plan, budgets, draws, args.retries)
-    print(report([TASKS[key] for key in plan], budgets, results))
-    print(f"\nraw results: {OUT / 'results.json'}")
+    path = OUT / "results.json"
+    if args.fresh and path.is_file():
+        aside = path.with_name(f"results-{int(time.time())}.json")
+        path.replace(aside)
+        print(f"earlier results moved to {aside}", flush=True)
+    earlier = load_results(path)
+    if earlier:
+        print(f"{len(earlier)} earlier run(s) in {path}: the tables include those of these "
+              "tasks at these budgets (--fresh starts anew)", flush=True)
+    results = execute(plan, budgets, draws, args.retries, args.first_seed, earlier)
+    shown = [r for r in results if r.task in budgets and r.budget == budgets[r.task]]
+    print(report([TASKS[key] for key in plan], budgets, shown))
+    print(f"\nraw results: {path}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import dataclasses
 import math
 import statistics
 
-from benchmarks.tournament_runs import POOL_OFF, RunResult, Task
+from benchmarks.tournament_runs import RunResult, Task
 from benchmarks.tournament_sb3 import SB3_METHODS
 
 TOURNAMENTS = ("tournament", "tournament-nopool")
@@ -57,11 +57,13 @@ def _rows(task: Task, cap: float, results: list[RunResult]) -> dict[str, Row]:
     return rows
 
 
-def _ratio(a: float, b: float | None) -> str:
+def ratio(a: float, b: float | None) -> str:
+    """``a / b`` to two decimals, ``-`` when ``b`` is missing, zero or either is NaN."""
     return "-" if b is None or b == 0 or math.isnan(a) or math.isnan(b) else f"{a / b:.2f}"
 
 
-def _time_cell(row: Row, cap: float) -> str:
+def time_cell(row: Row, cap: float) -> str:
+    """A time-to-target cell: ``> cap`` when every run missed, ``>= mean`` when some did."""
     if not row.values:
         return "n/a"
     if row.missed == len(row.values):
@@ -82,10 +84,10 @@ def _pendulum_table(task: Task, cap: float, rows: dict[str, Row]) -> list[str]:
         confirm = f"{statistics.fmean(confirms):.0f}" if confirms else "-"
         walls = [r.wall for r in row.runs if method in TOURNAMENTS and not r.failed]
         wall = f"{statistics.fmean(walls):.1f}" if walls else ""
-        lines.append(f"{method:{W}} {_time_cell(row, cap):>18} {len(row.values):>3} "
+        lines.append(f"{method:{W}} {time_cell(row, cap):>18} {len(row.values):>3} "
                      f"{len(row.values) - row.missed:>3}/{len(row.values):<3} {confirm:>8} "
-                     f"{_ratio(row.mean, best.mean if best else None):>11} "
-                     f"{_ratio(row.mean, sb3_mean):>10} {wall:>9}")
+                     f"{ratio(row.mean, best.mean if best else None):>11} "
+                     f"{ratio(row.mean, sb3_mean):>10} {wall:>9}")
     return lines
 
 
@@ -104,9 +106,9 @@ def _score_table(rows: dict[str, Row]) -> list[str]:
         cell = row.cell()
         beats = ("-" if not randoms or not row.values or method in RANDOM
                  else "yes" if all(row.mean > r.mean for r in randoms) else "no")
-        std_ratio = _ratio(row.std, spread.std if spread else None)
+        std_ratio = ratio(row.std, spread.std if spread else None)
         lines.append(f"{method:{W}} {cell:>20} {len(row.values):>3} "
-                     f"{_ratio(row.mean, best.mean if best else None):>11} {beats:>16} "
+                     f"{ratio(row.mean, best.mean if best else None):>11} {beats:>16} "
                      f"{std_ratio if len(row.values) > 1 else '-':>14}")
     return lines
 
@@ -129,20 +131,25 @@ def _raw(task: Task, rows: dict[str, Row]) -> list[str]:
     return lines
 
 
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def pool_line(method: str, r: RunResult) -> str:
+    """One tournament run's share of training data from the experience pool: the best
+    checkpoint's lineage, every member, and per algorithm (each a mean over checkpoints)."""
+    head = f"pool share of training data, {method} s{r.seed}: "
+    if r.pool_share_all is None:  # a run recorded before checkpoints carried it
+        return head + "not recorded"
+    algos = ", ".join(f"{a} {v:.2f}" for a, v in sorted(r.pool_share.items()))
+    return (head + f"best lineage ({r.algorithm or '-'}) {_share(r.pool_share_best)}, "
+            f"all members {_share(r.pool_share_all)} ({algos})")
+
+
 def _pool_lines(rows: dict[str, Row]) -> list[str]:
-    """The pool's share of each member algorithm's training data, per tournament run."""
-    lines = []
-    if "tournament-nopool" in rows and not POOL_OFF:
-        lines.append("(tournament-nopool: the experience pool does not exist yet, so this "
-                     "row repeats the tournament)")
-    for method in TOURNAMENTS:
-        row = rows.get(method)
-        for r in row.runs if row is not None else []:
-            if not r.failed:
-                share = ", ".join(f"{a} {v:.2f}" for a, v in sorted(r.pool_share.items()))
-                lines.append(f"pool share of training data, {method} s{r.seed}: "
-                             f"{share or 'not recorded per checkpoint (a live metric)'}")
-    return lines
+    """The pool's share of training data per tournament run (``pool_line``)."""
+    return [pool_line(method, r) for method in TOURNAMENTS if method in rows
+            for r in rows[method].runs if not r.failed]
 
 
 def report(tasks: list[Task], budgets: dict[str, float], results: list[RunResult]) -> str:

@@ -28,6 +28,7 @@ import multiprocessing
 import os
 import random
 import shutil
+import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -119,21 +120,29 @@ class RunResult:
     """Wall seconds of training (for the tournament: the whole ``train()`` call)."""
     env_steps: int = 0
     checkpoints: int = 0
+    budget: float = 0.0
+    """Wall seconds the run had (with a target: the cap); runs of one task are compared
+    only at the same budget."""
     pool_share: dict[str, float] = dataclasses.field(default_factory=dict)
     """Per member algorithm: the share of its training transitions that came from the
-    shared experience pool (tournament rows; 0 for every algorithm until the pool
-    exists and the store records it)."""
+    shared experience pool, mean over its checkpoints (tournament rows; see
+    ``pool_shares``)."""
+    pool_share_best: float | None = None
+    """The same for the best checkpoint's lineage (it and its ancestors)."""
+    pool_share_all: float | None = None
+    """The same over every checkpoint of every member."""
     error: str | None = None
     """What went wrong (a run with a result may carry one: train()'s exit code)."""
     failed: bool = False
     """The run raised: no figures; left out of the statistics."""
 
 
-def in_subprocess(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` in a fresh spawned process, alone; its exception is re-raised here."""
+def in_subprocess(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` in a fresh spawned process, alone; its exception is
+    re-raised here."""
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
-        return pool.submit(fn, *args).result()
+        return pool.submit(fn, *args, **kwargs).result()
 
 
 def reevaluate(env_name: str, algorithm: str, hparams: Mapping[str, Scalar],
@@ -167,30 +176,43 @@ def _first_hit(entries: list[Entry], target: float) -> Entry | None:
     return min(hits, key=lambda e: e.created) if hits else None
 
 
+def mean_share(entries: list[Entry]) -> float | None:
+    """The mean over ``entries`` of each checkpoint's share of training data that came
+    from the experience pool (``Entry.pool_share``); None without entries."""
+    return statistics.fmean(e.pool_share for e in entries) if entries else None
+
+
 def pool_shares(entries: list[Entry]) -> dict[str, float]:
-    """Per algorithm of ``entries``: the share of its training transitions drawn from the
-    shared experience pool, where a checkpoint records it. None does yet: the share is a
-    live metric of the pods (``pool/share_of_data``, shown by ``podracer status``), so
-    this is empty and the report says the share was not recorded."""
-    del entries
-    return {}
+    """Per algorithm of ``entries``: ``mean_share`` of its checkpoints (every checkpoint
+    records the rows it took from the pool: ``Checkpoint.pool_rows``)."""
+    by_algo: dict[str, list[Entry]] = {}
+    for entry in entries:
+        by_algo.setdefault(entry.algorithm, []).append(entry)
+    return {algo: statistics.fmean(e.pool_share for e in group)
+            for algo, group in sorted(by_algo.items())}
 
 
-def run_tournament(task: Task, seed: int, budget: float, out: Path, pool: bool = True
-                   ) -> RunResult:
+def run_tournament(task: Task, seed: int, budget: float, out: Path, pool: bool = True, *,
+                   overrides: Mapping[str, Any] | None = None, threads: int | None = None,
+                   method: str | None = None) -> RunResult:
     """The default ``podracer train`` for ``task.env`` in embedded mode, scored; without
-    the experience pool (``POOL_OFF``) when ``pool`` is False (the ablation row)."""
+    the experience pool (``POOL_OFF``) when ``pool`` is False (the ablation row).
+
+    ``overrides`` change the default experiment (``Experiment.with_overrides`` keys, e.g.
+    ``{"population.members": 1}``), ``threads`` the torch threads per pod (``--threads``;
+    None: the default), ``method`` the row's name (``benchmarks.lineages``)."""
     logging.basicConfig(level=logging.WARNING)
     exp = default_experiment(task.env, total_budget={"seconds": budget}, seed=seed,
-                             target_score=task.target, **({} if pool else POOL_OFF))
-    settings = settings_from_env(experiment=exp, store=out)
+                             target_score=task.target,
+                             **{**({} if pool else POOL_OFF), **(overrides or {})})
+    settings = settings_from_env(experiment=exp, store=out, torch_threads=threads)
     if out.exists():
         shutil.rmtree(out)  # a fresh store: entries of an older run would count
     started_wall, started = time.time(), time.monotonic()
     outcome = train(settings, out, progress=False)
     wall = time.monotonic() - started
-    result = RunResult(task.key, "tournament" if pool else "tournament-nopool", seed,
-                       wall=wall)
+    result = RunResult(task.key, method or ("tournament" if pool else "tournament-nopool"),
+                       seed, wall=wall)
     if outcome.exit_code != 0:
         result.error = f"train() exited with {outcome.exit_code}"
     with LeaderboardStore(out, create=False) as store:
@@ -198,9 +220,11 @@ def run_tournament(task: Task, seed: int, budget: float, out: Path, pool: bool =
         result.checkpoints = len(entries)
         result.env_steps = store.total_env_steps()
         result.pool_share = pool_shares(entries)
+        result.pool_share_all = mean_share(entries)
         top = store.top(1) if entries else []
         if top:
             best = top[0]
+            result.pool_share_best = mean_share(store.lineage(best.id))
             result.algorithm, result.hparams = best.algorithm, dict(best.hparams)
             result.in_training_best = best.score_mean
             result.score = reevaluate(task.env, best.algorithm, best.hparams,

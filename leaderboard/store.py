@@ -22,7 +22,8 @@ counts) ``reevaluated`` is 1 and ``score_claimed`` keeps what the pod claimed. T
 ``issued`` table lists every initialization the generator published (written before
 the publish), so the updater stores checkpoints only of rounds that were issued. A
 store of schema 1 is migrated in place when opened (columns added, old rows count as
-not re-evaluated).
+not re-evaluated). Schema 3 adds ``pool_rows`` (``Checkpoint.pool_rows``: transitions
+taken from the experience pool; older rows count 0).
 
 Retention (``prune``, called by the updater after each new checkpoint): every row is
 kept, only some blobs (``leaderboard.retention``).
@@ -51,66 +52,15 @@ from broker.core import codec
 from broker.core.blobstore import BlobRef, FileBlobStore
 from broker.core.errors import BlobError, ConfigError, PodracerError, SchemaError
 from broker.core.fields import MAX_COUNT
-from broker.core.schemas import Checkpoint, Scalar
+from broker.core.schemas import Checkpoint, Scalar, pool_share
 from leaderboard.retention import Pruned, Retention, prune
 from leaderboard.spent import Spent, spent
+from leaderboard.store_schema import COLUMNS, DB_NAME, DDL, MIGRATIONS, ORDER, SCHEMA_VERSION
 
-__all__ = ["Pruned", "Retention", "Spent", "spent"]  # re-exported: callers import them here
+__all__ = ["DB_NAME", "SCHEMA_VERSION", "Pruned", "Retention", "Spent",
+           "spent"]  # re-exported: callers import them here
 
 log = logging.getLogger(__name__)
-
-DB_NAME = "leaderboard.sqlite"
-SCHEMA_VERSION = 2
-
-_COLUMNS = ("id", "parent_id", "experiment", "init_id", "pod", "algorithm", "env", "hparams",
-            "score_mean", "score_std", "env_steps", "wall_time", "generation", "created",
-            "curve", "blob_sha256", "blob_size", "stored", "score_claimed", "reevaluated")
-
-_DDL = """
-CREATE TABLE IF NOT EXISTS checkpoints (
-    id TEXT PRIMARY KEY,
-    parent_id TEXT,
-    experiment TEXT NOT NULL,
-    init_id TEXT NOT NULL,
-    pod TEXT NOT NULL,
-    algorithm TEXT NOT NULL,
-    env TEXT NOT NULL,
-    hparams TEXT NOT NULL,
-    score_mean REAL NOT NULL,
-    score_std REAL NOT NULL,
-    env_steps INTEGER NOT NULL,
-    wall_time REAL NOT NULL,
-    generation INTEGER NOT NULL,
-    created REAL NOT NULL,
-    curve TEXT NOT NULL,
-    blob_sha256 TEXT NOT NULL,
-    blob_size INTEGER NOT NULL,
-    stored REAL NOT NULL,
-    score_claimed REAL,
-    reevaluated INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS checkpoints_rank ON checkpoints (score_mean DESC, created, id);
-CREATE INDEX IF NOT EXISTS checkpoints_algo_rank
-    ON checkpoints (algorithm, score_mean DESC, created, id);
-CREATE TABLE IF NOT EXISTS issued (
-    init_id TEXT PRIMARY KEY,
-    algorithm TEXT NOT NULL,
-    env TEXT NOT NULL,
-    hparams TEXT NOT NULL,
-    parent_id TEXT,
-    generation INTEGER NOT NULL,
-    budget_steps INTEGER,
-    budget_seconds REAL,
-    issued REAL NOT NULL
-);
-"""
-
-_MIGRATE_1_TO_2 = (
-    "ALTER TABLE checkpoints ADD COLUMN score_claimed REAL",
-    "ALTER TABLE checkpoints ADD COLUMN reevaluated INTEGER NOT NULL DEFAULT 0",
-)
-
-_ORDER = "ORDER BY score_mean DESC, created ASC, id ASC"
 
 
 class LeaderboardError(PodracerError):
@@ -153,6 +103,13 @@ class Entry:
     """The score the pod claimed, when the updater measured ``score_mean`` itself."""
     reevaluated: bool = False
     """``score_mean`` was measured by the updater (see ``leaderboard.claims``)."""
+    pool_rows: int = 0
+    """Transitions its training took from the experience pool (``Checkpoint.pool_rows``)."""
+
+    @property
+    def pool_share(self) -> float:
+        """The share of its training data that came from the experience pool."""
+        return pool_share(self.pool_rows, self.env_steps)
 
 
 class Inserted(NamedTuple):
@@ -173,7 +130,7 @@ def _entry(row: sqlite3.Row) -> Entry:
         curve=[(float(a), float(b), int(c)) for a, b, c in json.loads(row["curve"])],
         stored=row["stored"],
         score_claimed=row["score_claimed"], reevaluated=bool(row["reevaluated"]),
-    )
+        pool_rows=row["pool_rows"])
 
 
 class LeaderboardStore:
@@ -204,11 +161,12 @@ class LeaderboardStore:
             if version > SCHEMA_VERSION:
                 raise ConfigError("leaderboard", f"{self.path} has schema {version}, this "
                                   f"build reads {SCHEMA_VERSION}", "upgrade Podracer")
-            if version == 1:
-                for statement in _MIGRATE_1_TO_2:
+            for old in range(version or SCHEMA_VERSION, SCHEMA_VERSION):
+                for statement in MIGRATIONS[old]:
                     conn.execute(statement)
-                log.info("%s: migrated the leaderboard from schema 1 to 2", self.path)
-            conn.executescript(_DDL)
+                log.info("%s: migrated the leaderboard from schema %d to %d", self.path, old,
+                         old + 1)
+            conn.executescript(DDL)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def __repr__(self) -> str:
@@ -281,11 +239,11 @@ class LeaderboardStore:
             "curve": json.dumps([list(p) for p in checkpoint.curve], allow_nan=False),
             "blob_sha256": ref.sha256, "blob_size": ref.size, "stored": time.time(),
             "score_claimed": checkpoint.score_mean if claimed is None else float(claimed),
-            "reevaluated": int(claimed is not None),
+            "reevaluated": int(claimed is not None), "pool_rows": checkpoint.pool_rows,
         }
         verb = "INSERT OR REPLACE" if replace else "INSERT OR IGNORE"
-        sql = (f"{verb} INTO checkpoints ({', '.join(_COLUMNS)}) "
-               f"VALUES ({', '.join(':' + c for c in _COLUMNS)})")
+        sql = (f"{verb} INTO checkpoints ({', '.join(COLUMNS)}) "
+               f"VALUES ({', '.join(':' + c for c in COLUMNS)})")
         with self._lock, _translated("insert"):
             conn = self._conn()
             conn.execute("BEGIN IMMEDIATE")
@@ -344,9 +302,9 @@ class LeaderboardStore:
         if k < 1:
             raise ConfigError("top_k", f"must be >= 1, got {k}")
         if algorithm is None:
-            rows = self.query(f"SELECT * FROM checkpoints {_ORDER} LIMIT ?", (k,))
+            rows = self.query(f"SELECT * FROM checkpoints {ORDER} LIMIT ?", (k,))
         else:
-            rows = self.query(f"SELECT * FROM checkpoints WHERE algorithm = ? {_ORDER} LIMIT ?",
+            rows = self.query(f"SELECT * FROM checkpoints WHERE algorithm = ? {ORDER} LIMIT ?",
                                (algorithm, k))
         return [_entry(r) for r in rows]
 

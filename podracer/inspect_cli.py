@@ -25,7 +25,7 @@ from leaderboard.store import DB_NAME, Entry, LeaderboardStore
 
 log = logging.getLogger(__name__)
 
-_TABLE_HEAD = ("rank", "id", "algorithm", "score", "env steps", "gen", "parent", "pod")
+_TABLE_HEAD = ("rank", "id", "algorithm", "score", "env steps", "pool", "gen", "parent", "pod")
 
 
 # ------------------------------------------------------------------ where things are
@@ -80,9 +80,10 @@ def _score(entry: Entry) -> str:
 
 
 def leaderboard_table(entries: Sequence[Entry]) -> str:
-    """The top-K table: rank, id[:12], algorithm, score, env steps, generation, parent, pod."""
+    """The top-K table: rank, id[:12], algorithm, score, env steps, the share of its
+    training data from the experience pool, generation, parent, pod."""
     rows = [(str(rank), e.id[:12], e.algorithm, _score(e), f"{e.env_steps:,}",
-             str(e.generation), (e.parent_id or "-")[:12], e.pod)
+             f"{e.pool_share:.0%}", str(e.generation), (e.parent_id or "-")[:12], e.pod)
             for rank, e in enumerate(entries, start=1)]
     return format_table(_TABLE_HEAD, rows)
 

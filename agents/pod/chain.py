@@ -46,18 +46,20 @@ class Chain:
         """(intermediate checkpoint id, its parent id), in order."""
         self.env_steps = 0
         self.seconds = 0.0
+        self.pool_rows = 0
         self._tasks: list[asyncio.Task[None]] = []
 
     def _checkpoint(self, checkpoint_id: str, state: Mapping[str, torch.Tensor],
                     score: tuple[float, float], env_steps: int, seconds: float,
-                    curve: list[tuple[float, float, int]]) -> Checkpoint:
+                    curve: list[tuple[float, float, int]], pool_rows: int) -> Checkpoint:
         init = self.init
         checkpoint = Checkpoint(
             experiment=init.experiment, id=checkpoint_id, init_id=init.id, pod=self.pod.ctx.name,
             algorithm=init.algorithm, env=init.env, hparams=dict(init.hparams),
             state={k: v.detach().cpu() for k, v in state.items()},
             score_mean=score[0], score_std=score[1], env_steps=env_steps, wall_time=seconds,
-            parent_id=self.parent_id, generation=self.generation, curve=curve)
+            parent_id=self.parent_id, generation=self.generation, curve=curve,
+            pool_rows=pool_rows)
         self.parent_id, self.generation = checkpoint_id, self.generation + 1
         return checkpoint
 
@@ -66,10 +68,12 @@ class Chain:
         self.links += 1
         self.env_steps += snapshot.env_steps
         self.seconds += snapshot.seconds
+        self.pool_rows += snapshot.pool_rows
         self.links_published.append((f"{self.init.id}.{self.links}", self.parent_id))
         checkpoint = self._checkpoint(f"{self.init.id}.{self.links}", snapshot.state,
                                       (snapshot.score_mean, snapshot.score_std),
-                                      snapshot.env_steps, snapshot.seconds, [])
+                                      snapshot.env_steps, snapshot.seconds, [],
+                                      snapshot.pool_rows)
         previous = self._tasks[-1] if self._tasks else None
         self._tasks.append(asyncio.get_running_loop().create_task(
             self._send(checkpoint, previous)))
@@ -90,4 +94,5 @@ class Chain:
         """The round's own checkpoint, continuing the last intermediate one."""
         return self._checkpoint(self.init.id, state, (result.score_mean, result.score_std),
                                 max(0, result.env_steps - self.env_steps),
-                                max(0.0, result.wall_time - self.seconds), result.curve)
+                                max(0.0, result.wall_time - self.seconds), result.curve,
+                                max(0, result.pool_rows - self.pool_rows))

@@ -17,7 +17,10 @@
     to improve that policy; SEARL's ablation found fully shared data works, and 0.5
     keeps a member's own signal while a pod of 2-4 peers sees most of theirs);
   - ``sync`` returns the pool's figures as metrics (``pool/*``), which reach
-    ``metrics.<pod>`` and ``podracer status``.
+    ``metrics.<pod>`` and ``podracer status``;
+  - ``pool_rows`` counts what the learners took (``agents.pod.round.Feed``): every
+    checkpoint records it (``Checkpoint.pool_rows``), so the leaderboard knows each
+    checkpoint's share of shared data, ``pool_rows / (pool_rows + env_steps)``.
 """
 
 from __future__ import annotations
@@ -142,6 +145,11 @@ class PoolLink:
         self._ingested = 0
         self._start = time.monotonic()
 
+    @property
+    def pool_rows(self) -> int:
+        """Transitions the round's learners took from the pool (its start included)."""
+        return self._ingested + self.warm_rows
+
     def sync(self) -> dict[str, float]:
         """Feed each learner its share of others' new rows; the pool's figures."""
         recorded = sum(env.recorded for env in self.envs)
@@ -150,7 +158,7 @@ class PoolLink:
         limit = min(MAX_INGEST_ROWS, math.floor(own * (1.0 - self.own_share) / self.own_share))
         for learner, reader in zip(self.learners, self.readers, strict=True):
             self._ingested += _add(learner, reader.take(limit))
-        taken = self._ingested + self.warm_rows
+        taken = self.pool_rows
         return {"pool/rows": float(len(self.pool)),
                 "pool/feed_rows_per_s": self.pool.feed_rate(),
                 "pool/ingested": float(taken),

@@ -28,6 +28,11 @@ Round semantics (documented here because the pod and the leaderboard rely on the
   snapshot) goes to ``on_progress``. The pod publishes each as a checkpoint that the
   next one (and finally the round's own) continues, so the leaderboard hears of a long
   round's progress while it runs.
+* With ``feed`` (the experience pool's link, ``agents.pod.pool_link``), ``feed.sync()``
+  runs after every iteration and its metrics join the iteration's; ``pool_rows`` of the
+  result and of each snapshot count the transitions the agent took from the pool over
+  that stretch (its own are its ``env_steps``), so each checkpoint records how much of
+  its training data was shared.
 * ``should_stop()`` returning True (e.g. ``control.stop``) ends the round early; the
   final evaluation still runs so the work is not lost.
 * An evaluation that is not finite means the agent diverged: the round ends, and
@@ -42,6 +47,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -58,6 +64,17 @@ MIN_EVAL_EVERY_S = 1.0
 """With ``eval_every_s="auto"``, never evaluate more often than this."""
 
 
+class Feed(Protocol):
+    """Data a round learns from besides its own steps: the experience pool's link."""
+
+    @property
+    def pool_rows(self) -> int:
+        """Transitions taken from the pool so far in this round."""
+
+    def sync(self) -> dict[str, float]:
+        """Run after every iteration (take the pool's new rows); metrics to report."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Snapshot:
     """An intermediate best of a long round: what its checkpoint needs."""
@@ -69,6 +86,8 @@ class Snapshot:
     """Env steps since the previous snapshot (or the round's start)."""
     seconds: float
     """Seconds since the previous snapshot (or the round's start)."""
+    pool_rows: int = 0
+    """Transitions taken from the experience pool since the previous snapshot."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +129,8 @@ class RoundResult:
     """An evaluation reached the target and ended the round."""
     eval_every_s: float | None = None
     """The evaluation interval the round ended with (``"auto"`` adapts it)."""
+    pool_rows: int = 0
+    """Transitions taken from the experience pool in this round (``Feed``)."""
 
 
 def _budget_left(budget: Budget, steps: int, seconds: float) -> bool:
@@ -123,8 +144,10 @@ class _Evaluations:
 
     def __init__(self, agent: Agent, eval_env: VecEnv, episodes: int,
                  every_s: float | str | None, target: float | None,
-                 snapshot_every_s: float | None, auto_start_s: float | None) -> None:
+                 snapshot_every_s: float | None, auto_start_s: float | None,
+                 feed: Feed | None = None) -> None:
         self.agent = agent
+        self.feed = feed
         self.eval_env = eval_env
         self.episodes = episodes
         self.auto = every_s == "auto"
@@ -137,7 +160,7 @@ class _Evaluations:
         self.snapshot: Snapshot | None = None
         """Set by ``run`` when a snapshot is due; taken by ``take_snapshot``."""
         self.start = time.monotonic()
-        self.snapshot_at = (self.start, agent.env_steps)
+        self.snapshot_at = (self.start, agent.env_steps, 0)
         self.first_steps = agent.env_steps
         self.last = self.start
         self.best = BestSnapshot()
@@ -169,11 +192,18 @@ class _Evaluations:
                 self.reached = True
             elif (self.snapshot_every_s is not None and self.best.state is not None
                     and self.last - self.snapshot_at[0] >= self.snapshot_every_s):
-                at, at_steps = self.snapshot_at
+                at, at_steps, at_pool = self.snapshot_at
+                pool = self.pool_rows
                 self.snapshot = Snapshot(result.mean, result.std, dict(self.best.state),
-                                         self.agent.env_steps - at_steps, self.last - at)
-                self.snapshot_at = (self.last, self.agent.env_steps)
+                                         self.agent.env_steps - at_steps, self.last - at,
+                                         pool - at_pool)
+                self.snapshot_at = (self.last, self.agent.env_steps, pool)
         return result
+
+    @property
+    def pool_rows(self) -> int:
+        """Transitions the feed took from the pool so far in this round."""
+        return self.feed.pool_rows if self.feed is not None else 0
 
     def take_snapshot(self) -> Snapshot | None:
         """The snapshot the last evaluation made, once."""
@@ -199,16 +229,17 @@ def train_round(
     target: float | None = None,
     snapshot_every_s: float | None = None,
     auto_start_s: float | None = None,
-    after_iteration: Callable[[], dict[str, float]] | None = None,
+    feed: Feed | None = None,
 ) -> RoundResult:
     """Train ``agent`` on ``env`` until ``budget``, ``target`` or ``should_stop()``; see
     the module doc. ``auto_start_s`` is the first interval of ``eval_every_s="auto"``
     (the previous round's ``eval_every_s``: a continued lineage need not be evaluated at
     once). ``RoundResult.env_steps``/``wall_time`` count the whole round; the part after
-    the last snapshot is that minus the snapshots' own. ``after_iteration`` runs after
-    every iteration (the experience pool's sync) and its metrics join the iteration's."""
+    the last snapshot is that minus the snapshots' own (``pool_rows`` too). ``feed``
+    syncs after every iteration (the experience pool's link) and its metrics join the
+    iteration's."""
     evals = _Evaluations(agent, eval_env, eval_episodes, eval_every_s, target,
-                         snapshot_every_s, auto_start_s)
+                         snapshot_every_s, auto_start_s, feed)
     start = evals.start
     metrics: dict[str, float] = {}
     final: EvalResult | None = None
@@ -217,8 +248,8 @@ def train_round(
             log.info("round stopped early after %d steps", agent.env_steps - evals.first_steps)
             break
         metrics = agent.train_iteration(env)
-        if after_iteration is not None:
-            metrics.update(after_iteration())
+        if feed is not None:
+            metrics.update(feed.sync())
         score = None
         if evals.due():
             final = evals.run()
@@ -252,4 +283,5 @@ def train_round(
                        total_env_steps=agent.env_steps, wall_time=wall, curve=evals.curve,
                        metrics=out_metrics, state=state, best_state=best.state,
                        best_mean=best_mean, diverged=evals.diverged,
-                       reached_target=evals.reached, eval_every_s=evals.every_s)
+                       reached_target=evals.reached, eval_every_s=evals.every_s,
+                       pool_rows=evals.pool_rows)

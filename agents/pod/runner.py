@@ -187,7 +187,7 @@ class RoundRunner:
                                  eval_episodes=self.config.eval_episodes, target=job.target,
                                  snapshot_every_s=self.config.snapshot_every_s,
                                  auto_start_s=self._eval_every.get(job.env),
-                                 after_iteration=link.sync if link is not None else None)
+                                 feed=link)
         except BaseException as exc:
             for env in [*envs, eval_env]:  # mid-episode state of a failed round: rebuild
                 env.close()

@@ -42,7 +42,11 @@ __all__ = ["Count", "Epoch", "Scalar", "Score", "Seconds", "TensorDict", "Token"
 
 SCHEMA_VERSION = 2
 """2: ``Initialization`` and ``Checkpoint`` may carry ``state_ref`` (a build that reads 1
-would ignore it and train a continuing lineage from scratch, so 1 is refused)."""
+would ignore it and train a continuing lineage from scratch, so 1 is refused).
+
+Optional fields added within 2 (a build without them ignores them and loses only a
+statistic, so the version stays and mixed builds interoperate): ``Checkpoint.pool_rows``.
+A field whose loss would change what a receiver does needs a new version."""
 T = TypeVar("T")
 
 
@@ -140,6 +144,20 @@ class Checkpoint(Message):
     """The blob ``state`` was read from (set on receipt when it came by reference)."""
     # (wall seconds since round start, eval score, env steps) points of the round
     curve: list[tuple[float, float, int]] = dataclasses.field(default_factory=list)
+    pool_rows: Count = 0
+    """Transitions this checkpoint's training took from the experience pool, beside its
+    own ``env_steps`` (added within schema 2, optional: see ``SCHEMA_VERSION``)."""
+
+    @property
+    def pool_share(self) -> float:
+        """The share of its training data that came from the pool (0 without one)."""
+        return pool_share(self.pool_rows, self.env_steps)
+
+
+def pool_share(pool_rows: int, env_steps: int) -> float:
+    """``pool_rows / (pool_rows + env_steps)``: the share of shared training data."""
+    total = max(0, pool_rows) + max(0, env_steps)
+    return max(0, pool_rows) / total if total else 0.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -130,6 +130,17 @@ def test_a_diverged_agent_ends_its_round_without_an_assert() -> None:
     assert once.score_mean == once.curve[0][1]
 
 
+class _Feed:
+    """A pool link that hands the agent 10 pool rows per iteration."""
+
+    def __init__(self) -> None:
+        self.pool_rows = 0
+
+    def sync(self) -> dict[str, float]:
+        self.pool_rows += 10
+        return {"pool/ingested": float(self.pool_rows)}
+
+
 def test_a_long_round_reports_its_intermediate_bests() -> None:
     env, eval_env = ScriptedEnv(8), ScriptedEnv(2)
     agent = build_agent(default_registry(), "ppo", config_to_hparams(SMALL), env, CPU, 0)
@@ -137,12 +148,15 @@ def test_a_long_round_reports_its_intermediate_bests() -> None:
     per_iteration = SMALL.num_envs * SMALL.rollout_steps
     result = train_round(agent, env, eval_env, Budget(steps=3 * per_iteration),
                          eval_every_s=0.0, on_progress=progress.append, eval_episodes=2,
-                         snapshot_every_s=0.0)
+                         snapshot_every_s=0.0, feed=_Feed())
     snapshots = [p.snapshot for p in progress if p.snapshot is not None]
     # the scripted score never improves after the first evaluation: one intermediate best
     assert len(snapshots) == 1 and snapshots[0].env_steps == per_iteration
     assert snapshots[0].state.keys() == agent.state_dict().keys()
     assert result.env_steps == 3 * per_iteration
+    # the pool rows are counted like the steps: the snapshot's stretch, and the round's
+    assert snapshots[0].pool_rows == 10 and result.pool_rows == 30
+    assert progress[-1].metrics["pool/ingested"] == 30.0
     none = train_round(agent, env, eval_env, Budget(steps=per_iteration), eval_every_s=0.0,
                        on_progress=progress.append, eval_episodes=2)
     assert none.env_steps == per_iteration  # without snapshot_every_s, no snapshot at all

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
+from typing import Any
 
-from benchmarks.tournament import TASKS, build_plan
-from benchmarks.tournament_report import report
-from benchmarks.tournament_runs import RunResult
+import pytest
+
+from benchmarks import tournament
+from benchmarks.tournament import TASKS, build_plan, execute, load_results, merge, save_results
+from benchmarks.tournament_report import pool_line, report
+from benchmarks.tournament_runs import RunResult, Task
 
 
 def _args(**flags: object) -> argparse.Namespace:
@@ -26,16 +32,65 @@ def test_the_minimum_plan_runs_the_ablation_beside_the_tournament() -> None:
 def test_the_report_prints_pool_shares_the_ablation_note_and_the_sb3_ratio() -> None:
     results = [
         RunResult("pendulum", "tournament", 0, time_to_target=6.0, confirm=-150.0,
-                  wall=8.0, pool_share={"ppo": 0.0, "sac": 0.25}),
+                  wall=8.0, algorithm="sac", pool_share={"ppo": 0.0, "sac": 0.25},
+                  pool_share_best=0.4, pool_share_all=0.125),
         RunResult("pendulum", "tournament-nopool", 0, time_to_target=9.0, confirm=-160.0,
-                  wall=10.0, pool_share={"ppo": 0.0}),
+                  wall=10.0, algorithm="ppo", pool_share={"ppo": 0.0},
+                  pool_share_best=0.0, pool_share_all=0.0),
         RunResult("pendulum", "ppo", 0, time_to_target=7.5, confirm=-170.0),
         RunResult("pendulum", "sb3-ppo", 0, time_to_target=12.0, confirm=-180.0),
     ]
     text = report([TASKS["pendulum"]], {"pendulum": 60.0}, results)
-    assert "pool share of training data, tournament s0: ppo 0.00, sac 0.25" in text
-    assert "pool share of training data, tournament-nopool s0: ppo 0.00" in text
-    assert "does not exist yet" not in text  # POOL_OFF switches the pool off
+    assert ("pool share of training data, tournament s0: best lineage (sac) 0.40, "
+            "all members 0.12 (ppo 0.00, sac 0.25)") in text
+    assert ("pool share of training data, tournament-nopool s0: best lineage (ppo) 0.00, "
+            "all members 0.00 (ppo 0.00)") in text
     row = next(line for line in text.splitlines() if line.startswith("tournament "))
     # 6 s against the best lone 7.5 s and against SB3's 12 s in the same run
     assert "0.80" in row.split() and "0.50" in row.split()
+    older = RunResult("pendulum", "tournament", 1)  # recorded before checkpoints had it
+    assert pool_line("tournament", older).endswith(": not recorded")
+
+
+def test_results_accumulate_across_invocations_and_first_seed_adds_a_seed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[tuple[str, str, int]] = []
+
+    def fake_run(task: Task, method: str, seed: int, draw: int | None, budget: float,
+                 retries: int) -> RunResult:
+        ran.append((task.key, method, seed))
+        return RunResult(task.key, method, seed, draw, budget=budget, score=100.0 + seed)
+
+    monkeypatch.setattr(tournament, "OUT", tmp_path)
+    monkeypatch.setattr(tournament, "run_with_retry", fake_run)
+    path = tmp_path / "results.json"
+    plan = {"hopper": {"tournament": 2, "sac": 2}}
+    budgets = {"hopper": 300.0}
+    first = execute(plan, budgets, 1, 0)
+    assert len(load_results(path)) == len(first) == 4
+    # a later invocation adds seed 2 only and keeps the first two
+    plan3 = {"hopper": {"tournament": 3, "sac": 3}}
+    runs = execute(plan3, budgets, 1, 0, first_seed=2, earlier=load_results(path))
+    assert ran[4:] == [("hopper", "tournament", 2), ("hopper", "sac", 2)]
+    stored = load_results(path)
+    assert sorted((r.method, r.seed) for r in stored) == sorted(
+        (m, s) for m in ("tournament", "sac") for s in range(3))
+    assert len(runs) == 6
+    text = report([TASKS["hopper"]], budgets, stored)
+    assert any(line.startswith("sac ") and " 3 " in line for line in text.splitlines())
+    # the same run again replaces the older one; another budget is kept apart
+    again = merge(stored, [RunResult("hopper", "sac", 0, budget=300.0, score=1.0),
+                           RunResult("hopper", "sac", 0, budget=20.0, score=2.0)])
+    assert len(again) == 7
+    assert [r.score for r in again if (r.method, r.seed, r.budget) == ("sac", 0, 300.0)] == [1.0]
+
+
+def test_runs_recorded_without_a_budget_get_their_files_budget(tmp_path: Path) -> None:
+    path = tmp_path / "results.json"
+    save_results(path, {"hopper": 300.0}, {}, [RunResult("hopper", "sac", 0, score=5.0)])
+    data: dict[str, Any] = json.loads(path.read_text())
+    del data["runs"][0]["budget"]  # a file written before runs carried their budget
+    data["runs"][0]["unknown_later_field"] = 1
+    path.write_text(json.dumps(data))
+    (run,) = load_results(path)
+    assert run.budget == 300.0 and run.score == 5.0

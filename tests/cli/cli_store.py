@@ -30,6 +30,8 @@ class Row:
     generation: int
     seed: int
     lr: float = 3e-3
+    pool: int = 0
+    """Rows taken from the experience pool, per env step (3: a 75% share)."""
 
 
 # ranking by score: d1, b1, a1, c1 (ids of a1 and c1 share the prefix "a1f")
@@ -37,7 +39,7 @@ ROWS = (
     Row("a1f0000000000000", -200.0, None, 0, 1),
     Row("b1f0000000000000", -150.0, "a1f0000000000000", 1, 2, lr=1e-3),
     Row("a1f1000000000000", -300.0, None, 0, 3),
-    Row("d1f0000000000000", -100.0, "b1f0000000000000", 2, 4, lr=1e-3),
+    Row("d1f0000000000000", -100.0, "b1f0000000000000", 2, 4, lr=1e-3, pool=3),
 )
 
 
@@ -68,5 +70,6 @@ def build_store(root: Path) -> dict[str, dict[str, torch.Tensor]]:
                 algorithm="ppo", env=ENV, hparams={**HPARAMS, "lr": row.lr},
                 state=states[row.id], score_mean=row.score, score_std=10.0 + i,
                 env_steps=agent.env_steps, wall_time=1.0, parent_id=row.parent,
-                generation=row.generation, created=1000.0 + i))
+                generation=row.generation, created=1000.0 + i,
+                pool_rows=row.pool * agent.env_steps))
     return states

@@ -40,8 +40,9 @@ def test_leaderboard_prints_the_ranked_table(store_root: Path, capsys: Any) -> N
     assert [r[1] for r in rows] == [ROWS[3].id[:12], ROWS[1].id[:12], ROWS[0].id[:12]]
     best = rows[0]
     assert best[2] == "ppo" and best[3] == "-100.00 ± 13.00"
-    assert best[5] == "2" and best[6] == ROWS[1].id[:12] and best[7] == "pod-1"
-    assert rows[2][6] == "-"  # a root checkpoint has no parent
+    assert best[5] == "75%" and rows[1][5] == "0%"  # its share of pool data
+    assert best[6] == "2" and best[7] == ROWS[1].id[:12] and best[8] == "pod-1"
+    assert rows[2][7] == "-"  # a root checkpoint has no parent
 
 
 def test_lineage_by_prefix_lists_ancestors_newest_first(store_root: Path, capsys: Any) -> None:

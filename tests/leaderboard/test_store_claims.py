@@ -9,10 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
+from broker.core.errors import SchemaError
 from broker.core.fields import MAX_COUNT
-from broker.core.schemas import Checkpoint
+from broker.core.schemas import Checkpoint, from_wire
 from leaderboard.spent import ROUND_CAP_S
 from leaderboard.store import DB_NAME, SCHEMA_VERSION, LeaderboardStore, Retention, spent
 
@@ -73,7 +75,8 @@ def test_a_schema_1_store_is_migrated_in_place(tmp_path: Path) -> None:
         assert [e.id for e in store.top(2)] == ["new", "old"]
     with LeaderboardStore(tmp_path) as again:  # reopening a migrated store is a no-op
         assert again.count() == 2
-        assert again.query("PRAGMA user_version")[0][0] == SCHEMA_VERSION == 2
+        assert again.query("PRAGMA user_version")[0][0] == SCHEMA_VERSION == 3
+        assert again.get("old").pool_rows == 0  # type: ignore[union-attr]
 
 
 def test_retention_keeps_a_minority_algorithms_best_head(tmp_path: Path) -> None:
@@ -92,3 +95,18 @@ def test_retention_keeps_a_minority_algorithms_best_head(tmp_path: Path) -> None
         ppo_old = store.get("ppo-3")
         assert ppo_old is not None and not (
             store.root / "blobs" / ppo_old.blob.sha256[:2] / ppo_old.blob.sha256).exists()
+
+
+def test_a_checkpoints_pool_rows_travel_and_are_stored_with_its_share(tmp_path: Path) -> None:
+    sent = checkpoint("shared", pool_rows=300)
+    received = from_wire(sent.to_wire(), expect=Checkpoint)
+    assert received.pool_rows == 300 and received.pool_share == 0.75
+    older = {k: v for k, v in sent.to_wire().items() if k != "pool_rows"}
+    assert from_wire(older, expect=Checkpoint).pool_rows == 0  # a sender without the field
+    with pytest.raises(SchemaError, match="pool_rows"):
+        from_wire({**sent.to_wire(), "pool_rows": -1}, expect=Checkpoint)
+    with LeaderboardStore(tmp_path) as store:
+        entry = store.insert(received).entry
+        assert (entry.pool_rows, entry.pool_share) == (300, 0.75)
+        own = store.insert(checkpoint("own")).entry
+        assert (own.pool_rows, own.pool_share) == (0, 0.0)
