@@ -149,7 +149,9 @@ def _resume_args(args: argparse.Namespace) -> Path:
                           "point it at the run directory of an earlier `podracer train` "
                           "(runs/<experiment>)")
     args.experiment = str(out / EXPERIMENT_FILE)
-    print(f"podracer: resuming the run in {out}", flush=True)
+    # stdout of --print-config is the TOML alone
+    print(f"podracer: resuming the run in {out}", flush=True,
+          file=sys.stderr if args.print_config else sys.stdout)
     return out
 
 

@@ -24,9 +24,18 @@ _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """Each field's docstring, on one line (the string after its annotation)."""
+    """Each field's docstring, on one line (the string after its annotation), from
+    ``cls`` and its bases."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            docs.update(_own_docs(klass))
+    return docs
+
+
+def _own_docs(cls: type) -> dict[str, str]:
     try:
-        tree = ast.parse(inspect.getsource(cls))
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError, SyntaxError):
         return {}
     docs: dict[str, str] = {}

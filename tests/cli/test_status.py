@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def test_status_needs_a_real_broker(capsys: Any) -> None:
-    assert main(["status", "--broker", "memory://", "--experiment", "x"]) == 2
+    assert main(["status", "--broker", "memory://", "--name", "x"]) == 2
     assert "--broker: status needs a RabbitMQ broker" in capsys.readouterr().err
 
 
@@ -114,7 +114,7 @@ def test_status_shows_queues_heartbeats_and_leaderboard(amqp_url: str, experimen
     beater.start()
     try:
         assert ready.wait(10)
-        code = main(["status", "--broker", amqp_url, "--experiment", experiment,
+        code = main(["status", "--broker", amqp_url, "--name", experiment,
                      "--listen", "1.5", "--store", str(tmp_path / "none")])
     finally:
         stop.set()
@@ -138,7 +138,7 @@ def test_status_shows_queues_heartbeats_and_leaderboard(amqp_url: str, experimen
 @pytest.mark.rabbitmq
 def test_status_of_an_undeclared_experiment_says_so(amqp_url: str, experiment: str,
                                                     tmp_path: Path, capsys: Any) -> None:
-    code = main(["status", "--broker", amqp_url, "--experiment", experiment,
+    code = main(["status", "--broker", amqp_url, "--name", experiment,
                  "--store", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0
