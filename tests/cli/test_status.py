@@ -143,3 +143,20 @@ def test_status_of_an_undeclared_experiment_says_so(amqp_url: str, experiment: s
     out = capsys.readouterr().out
     assert code == 0
     assert out.count("missing") == 4 and "its services have not started yet" in out
+
+
+@pytest.mark.rabbitmq
+def test_status_json_is_one_document(amqp_url: str, experiment: str, tmp_path: Path,
+                                     capsys: Any) -> None:
+    asyncio.run(_declare_and_fill(amqp_url, experiment))
+    code = main(["status", "--broker", amqp_url, "--name", experiment, "--listen", "0",
+                 "--store", str(tmp_path), "--json"])
+    data = json.loads(capsys.readouterr().out)  # nothing else on stdout
+    assert code == 0
+    queues = {q["queue"]: q for q in data["queues"]}
+    prefix = f"podracer.{experiment}"
+    assert queues[f"{prefix}.generator"]["ready"] == 1
+    assert queues[f"{prefix}.generator"]["consumers"] == 0
+    assert all(q["declared"] for q in queues.values())
+    assert data["experiment"] == experiment and "guest:***@" in data["broker"]
+    assert data["services"] == [] and data["leaderboard"] is None
