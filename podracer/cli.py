@@ -321,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="run directory (default: runs/<experiment>, or "
                    "runs/<experiment>-N when that holds an earlier run)")
     p.add_argument("--threads", type=int, help="torch threads per pod process "
-                   "(env PODRACER_TORCH_THREADS; default: torch's own)")
+                   "(env PODRACER_TORCH_THREADS; default: 1)")
     p.add_argument("--resume", metavar="RUN_DIR", nargs="?", const="",
                    help="carry on an interrupted run: RUN_DIR, or without it the last run "
                         "directory of the experiment (runs/<experiment>[-N]) (default: off)")
