@@ -26,7 +26,7 @@ from broker.core.settings import (
 )
 from orchestrator.scalers import SCALERS
 from podracer import renames
-from podracer.cli_parser import PodracerParser, finish, version
+from podracer.cli_parser import PodracerParser, finish, unreachable, version
 from podracer.roles import ROLES
 from podracer.status_cli import _quiet_client_logs
 
@@ -155,27 +155,6 @@ def _resume_args(args: argparse.Namespace) -> Path:
     return out
 
 
-def print_config(args: argparse.Namespace, experiment: Any) -> int:
-    """``--print-config``: ``experiment`` as the complete TOML that ``--experiment`` reads
-    back (``podracer.config_toml``), with where the defaults that depend on the run come
-    from."""
-    from broker.core.experiment import default_round_budget
-    from podracer.config_toml import experiment_toml
-
-    notes = {}
-    if experiment.round_budget == default_round_budget(experiment.total_budget):
-        notes["round_budget"] = ("Here derived from total_budget (its seconds / 15 within "
-                                 "10..120 s, else 60 s): drop this table to keep it derived.")
-    if not (args.experiment_file or args.experiment or args.budget):
-        notes["total_budget"] = ("Default of a run from flags alone: 30 minutes (a file "
-                                 "gives its own, or a target_score).")
-    if not (args.algos or args.experiment_file or args.experiment):
-        notes["algos"] = ("Default: ppo, sac and td3; train drops those that cannot act "
-                          "in the env's action space.")
-    sys.stdout.write(experiment_toml(experiment, notes))
-    return 0
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     """Run a tournament (embedded by default, separate processes with --broker)."""
     from podracer.run_dir import next_free
@@ -183,6 +162,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     resume_dir = _resume_args(args) if args.resume is not None else None
     if args.print_config:
+        from podracer.config_toml import print_config
+
         return print_config(args, _experiment_from_args(args))
     experiment = _with_spaces(_experiment_from_args(args))
     if resume_dir is not None and args.name and args.name != experiment.name:
@@ -400,17 +381,6 @@ def main(argv: list[str] | None = None) -> int:
     except PodracerError as exc:
         print(f"podracer: error: {exc}", file=sys.stderr)
         return 2
-
-
-def unreachable(args: argparse.Namespace, exc: Exception) -> str:
-    """The one line for a broker that cannot be reached: which URL, that RabbitMQ must
-    run there, how to check."""
-    from broker.transports.base import redact
-
-    url = getattr(args, "broker", None) or os.environ.get("PODRACER_BROKER") or "?"
-    return (f"cannot reach RabbitMQ at {redact(url)} ({exc}): RabbitMQ must run there; "
-            "check with `rabbitmq-diagnostics ping` on that host (or `docker compose ps`), "
-            "or pass --broker (PODRACER_BROKER) with the right URL")
 
 
 if __name__ == "__main__":

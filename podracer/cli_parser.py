@@ -12,6 +12,7 @@ renamed flags that keep their old spelling for one release, and ``--version``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
@@ -70,9 +71,10 @@ def deprecated(parser: argparse.ArgumentParser, old: str, new: str) -> None:
     """Keep ``old`` as a hidden alias of the already added option ``new``."""
     target = next(a for a in parser._actions if new in a.option_strings)
     switch = target.nargs == 0
+    extra: dict[str, Any] = {} if switch or target.type is None else {"type": target.type}
     parser.add_argument(old, action=_Deprecated, new=new, dest=target.dest,
                         nargs=0 if switch else None, const=target.const if switch else None,
-                        type=None if switch else target.type, help=argparse.SUPPRESS)
+                        help=argparse.SUPPRESS, **extra)
 
 
 def subparsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
@@ -89,3 +91,15 @@ def finish(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     for p in subparsers(parser):
         p.formatter_class = DefaultsFormatter
     return parser
+
+
+def unreachable(args: argparse.Namespace, exc: Exception) -> str:
+    """The one line for a broker that cannot be reached: which URL, that RabbitMQ must
+    run there, how to check."""
+    from broker.transports.base import redact
+
+    url = getattr(args, "broker", None) or os.environ.get("PODRACER_BROKER") or "?"
+    return (f"cannot reach RabbitMQ at {redact(url)} ({exc}): RabbitMQ must run there; "
+            "check with `rabbitmq-diagnostics ping` on that host (or `docker compose ps`), "
+            "or pass --broker (PODRACER_BROKER) with the right URL")
+

@@ -10,12 +10,15 @@ comment saying so. The text reads back, through ``--experiment``, as an equal
 
 from __future__ import annotations
 
+import argparse
 import ast
 import dataclasses
 import inspect
+import itertools
 import json
 import math
 import re
+import sys
 import textwrap
 from collections.abc import Mapping
 from typing import Any
@@ -40,7 +43,7 @@ def _own_docs(cls: type) -> dict[str, str]:
         return {}
     docs: dict[str, str] = {}
     body = tree.body[0].body if isinstance(tree.body[0], ast.ClassDef) else []
-    for stmt, after in zip(body, body[1:], strict=False):
+    for stmt, after in itertools.pairwise(body):
         if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
                 and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
                 and isinstance(after.value.value, str)):
@@ -115,3 +118,23 @@ def experiment_toml(experiment: Any, notes: Mapping[str, str] | None = None) -> 
         else:
             head += ["", *_comment(comment), f"{_key(f.name)} = {_value(value)}"]
     return "\n".join(head + tables) + "\n"
+
+
+def print_config(args: argparse.Namespace, experiment: Any) -> int:
+    """``--print-config``: ``experiment`` as the complete TOML that ``--experiment`` reads
+    back (``podracer.config_toml``), with where the defaults that depend on the run come
+    from."""
+    from broker.core.experiment import default_round_budget
+
+    notes = {}
+    if experiment.round_budget == default_round_budget(experiment.total_budget):
+        notes["round_budget"] = ("Here derived from total_budget (its seconds / 15 within "
+                                 "10..120 s, else 60 s): drop this table to keep it derived.")
+    if not (args.experiment_file or args.experiment or args.budget):
+        notes["total_budget"] = ("Default of a run from flags alone: 30 minutes (a file "
+                                 "gives its own, or a target_score).")
+    if not (args.algos or args.experiment_file or args.experiment):
+        notes["algos"] = ("Default: ppo, sac and td3; train drops those that cannot act "
+                          "in the env's action space.")
+    sys.stdout.write(experiment_toml(experiment, notes))
+    return 0

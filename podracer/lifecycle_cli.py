@@ -302,7 +302,8 @@ def add_commands(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]
     p = sub.add_parser("dead-letters", help="list, requeue or purge an experiment's "
                        "dead letters")
     p.add_argument("name", metavar="EXPERIMENT")
-    p.add_argument("--queue", choices=WORK_QUEUES, help="only this queue's dead letters (default: all)")
+    p.add_argument("--queue", choices=WORK_QUEUES,
+                   help="only this queue's dead letters (default: all)")
     p.add_argument("--requeue", action="append", metavar="ID",
                    help="send this dead letter back to its work queue (repeatable; "
                         "default: list only)")

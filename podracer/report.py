@@ -325,7 +325,8 @@ def add_command(sub: Any, add_common: Callable[[argparse.ArgumentParser], None])
     p = sub.add_parser("report", help="draw a store's tournament and throughput charts")
     p.add_argument("--store", help="run directory holding the store (env PODRACER_STORE; "
                    "required)")
-    p.add_argument("--target", type=float, help="draw this target score as a dashed line (default: none)")
+    p.add_argument("--target", type=float,
+                   help="draw this target score as a dashed line (default: none)")
     p.add_argument("--chart-dir", help="directory for the PNGs (default: the store's)")
     add_common(p)
     p.set_defaults(func=cmd_report)

@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from broker.core.settings import default_experiment
-from broker.core.settings import write_experiment
+from broker.core.settings import default_experiment, write_experiment
 from podracer.cli import main
 from podracer.run_dir import EXPERIMENT_FILE, RUN_FILE
 from tests.cli.cli_store import ROWS, build_store
