@@ -262,6 +262,8 @@ def _total_budget(table: Table) -> TotalBudget:
 
 
 def _selection(table: Table) -> SelectionSpec:
+    if not table.data:  # the default, its parameter spelled out (--print-config shows it)
+        return SelectionSpec("tournament", {"size": 3})
     name = table.string("name", "tournament")
     params = {k: v for k, v in table.data.items() if k != "name"}
     table.known.extend(params)  # the strategy checks them (an experiment ``Check``)

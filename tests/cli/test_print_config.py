@@ -59,7 +59,7 @@ def test_every_field_is_printed_with_its_docstring(capsys: Any) -> None:
     for field in dataclasses.fields(Experiment):
         assert field.name in data or f"# {field.name}: not set" in text, field.name
     assert "# Episodes the pod's evaluator averages per checkpoint score." in text
-    assert data["eval_episodes"] == 16 and data["selection"] == {"name": "tournament"}
+    assert data["eval_episodes"] == 16 and data["selection"] == {"name": "tournament", "size": 3}
     assert data["total_budget"] == {"seconds": 1800.0}
 
 
