@@ -116,7 +116,8 @@ def add_command(sub: Any, add_common: Callable[[argparse.ArgumentParser], None])
     """Register ``backtest`` on ``sub``."""
     p = sub.add_parser("backtest", help="backtest a stock policy against the market")
     p.add_argument("path", nargs="?", metavar="PATH", help="file written by `podracer export`")
-    p.add_argument("--store", help="run directory: backtest its best checkpoint(s)")
+    p.add_argument("--store", help="run directory: backtest its best checkpoint(s) "
+                   "(default: none, give PATH)")
     p.add_argument("--top", type=int, default=1,
                    help="with --store: average the actions of the K best (default 1)")
     p.add_argument("--snapshots", action="store_true",
@@ -128,6 +129,7 @@ def add_command(sub: Any, add_common: Callable[[argparse.ArgumentParser], None])
     p.add_argument("--capital", type=float, help="initial cash (default: the env's)")
     p.add_argument("--cost", type=float,
                    help="fee per trade as a fraction, e.g. 0.002 (default: the env's)")
-    p.add_argument("--out", help="PNG to write (with --snapshots: a directory)")
+    p.add_argument("--out", help="PNG to write (with --snapshots: a directory; default: "
+                   "backtest.png beside the policy or in the store)")
     add_common(p)
     p.set_defaults(func=cmd_backtest)

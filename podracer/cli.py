@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.core.auth import secret_from_env
-from broker.core.errors import ConfigError, PodracerError
+from broker.core.errors import ConfigError, ConnectionClosed, PodracerError
 from broker.core.experiment import apply_overrides, parse_experiment
 from broker.core.settings import (
     DEFAULT_ENV,
@@ -25,7 +25,10 @@ from broker.core.settings import (
     settings_from_env,
 )
 from orchestrator.scalers import SCALERS
+from podracer import renames
+from podracer.cli_parser import PodracerParser, finish, unreachable, version
 from podracer.roles import ROLES
+from podracer.status_cli import _quiet_client_logs
 
 log = logging.getLogger(__name__)
 _BUDGET = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
@@ -123,22 +126,32 @@ def parse_duration(text: str, field: str) -> float:
 
 
 def _resume_args(args: argparse.Namespace) -> Path:
-    """``--resume DIR``: the experiment comes from ``DIR/experiment.json``."""
+    """``--resume [DIR]``: the experiment comes from ``DIR/experiment.json``; without DIR
+    from the newest run directory of the experiment (``--name``, else the default name
+    of ``--env``): ``runs/<name>-N`` with the highest N."""
+    from podracer.run_dir import last_run
     from podracer.train import EXPERIMENT_FILE
 
-    out = Path(args.resume)
+    if args.resume:
+        out = Path(args.resume)
+    else:
+        name = args.name or default_experiment_data(args.env or DEFAULT_ENV)["name"]
+        out = last_run(Path("runs"), name)
     if args.fresh:
         raise ConfigError("--fresh", "cannot be combined with --resume",
                           "--resume continues a run, --fresh deletes it; choose one")
-    if args.experiment_file or args.experiment or args.out:
+    if args.experiment_file or args.experiment or args.run_dir:
         raise ConfigError("--resume", "the run directory already holds its experiment",
-                          "drop the experiment file and --out; flags like --budget or "
+                          "drop the experiment file and --run-dir; flags like --budget or "
                           "--target-score still apply")
     if not (out / EXPERIMENT_FILE).is_file():
         raise ConfigError("--resume", f"{out} holds no run to resume",
                           "point it at the run directory of an earlier `podracer train` "
                           "(runs/<experiment>)")
     args.experiment = str(out / EXPERIMENT_FILE)
+    # stdout of --print-config is the TOML alone
+    print(f"podracer: resuming the run in {out}", flush=True,
+          file=sys.stderr if args.print_config else sys.stdout)
     return out
 
 
@@ -147,7 +160,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     from podracer.run_dir import next_free
     from podracer.train import DEFAULT_QUEUE_EXPIRY_S, has_run, train
 
-    resume_dir = _resume_args(args) if args.resume else None
+    resume_dir = _resume_args(args) if args.resume is not None else None
+    if args.print_config:
+        from podracer.config_toml import print_config
+
+        return print_config(args, _experiment_from_args(args))
     experiment = _with_spaces(_experiment_from_args(args))
     if resume_dir is not None and args.name and args.name != experiment.name:
         raise ConfigError("--name", f"the run in {resume_dir} is {experiment.name!r}",
@@ -162,14 +179,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     if ready is None:
         return 0
     settings = ready
-    out = resume_dir or (Path(args.out) if args.out else Path("runs") / experiment.name)
-    if not (resume_dir or args.out or args.fresh):
+    out = resume_dir or (Path(args.run_dir) if args.run_dir else Path("runs") / experiment.name)
+    if not (resume_dir or args.run_dir or args.fresh):
         # a repeated command starts a new run beside the earlier ones (as SB3 and CleanRL
         # users expect); an explicit --out holding a run still stops (run_dir.check)
         base, out = out, next_free(out)
         if out != base:
-            print(f"podracer: {base} holds an earlier run (continue it with `podracer train "
-                  f"--resume {base}`); this run writes {out}", flush=True)
+            print(f"podracer: {base} holds an earlier run (`podracer train --resume --name "
+                  f"{experiment.name}` continues the newest); this run writes {out}",
+                  flush=True)
     expiry = (parse_duration(args.queue_expiry, "--queue-expiry") if args.queue_expiry
               else DEFAULT_QUEUE_EXPIRY_S)
     if args.fresh and has_run(out):
@@ -190,7 +208,7 @@ def _serve_settings(args: argparse.Namespace, role: str) -> Settings:
     experiment = checked_experiment(read_experiment_data(source) if source
                                     else default_experiment_data())
     settings = settings_from_env(experiment=experiment, broker=args.broker, store=args.store,
-                                 device=args.device, name=args.name)
+                                 device=args.device, name=args.instance)
     if settings.broker.startswith("memory"):
         raise ConfigError("--broker", f"`serve {role}` needs a real broker",
                           "pass --broker amqp://user:pass@host:5672/ (or PODRACER_BROKER); "
@@ -243,9 +261,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--broker", help="amqp://user:pass@host:5672/ (env PODRACER_BROKER)")
-    p.add_argument("--device", help="cpu, cuda, cuda:N (env PODRACER_DEVICE)")
-    p.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
+    p.add_argument("--broker", help="amqp://user:pass@host:5672/ (env PODRACER_BROKER; "
+                   "default: none, `train` then runs in one process)")
+    p.add_argument("--device", help="cpu, cuda, cuda:N (env PODRACER_DEVICE; default: "
+                   "the experiment's device, auto = CUDA when available)")
+    p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default: INFO)")
 
 
 def _add_dry_run(p: argparse.ArgumentParser) -> None:
@@ -255,29 +275,45 @@ def _add_dry_run(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``podracer``."""
-    parser = argparse.ArgumentParser(prog="podracer", description=__doc__)
+    parser = PodracerParser(prog="podracer", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"podracer {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a population (all services in one go)")
     p.add_argument("experiment_file", nargs="?", help="experiment TOML (same as --experiment)")
-    p.add_argument("--experiment", help="experiment TOML file")
-    p.add_argument("--env", help=f"env name (default {DEFAULT_ENV})")
-    p.add_argument("--algos", help="algorithm mix, e.g. ppo,sac,td3 or ppo:2,sac:1")
-    p.add_argument("--pods", type=int, help="population size")
-    p.add_argument("--target-score", type=float, help="stop when the best score reaches this")
-    p.add_argument("--budget", help="total budget: seconds (300s, 5m) or env steps (2M)")
-    p.add_argument("--round-budget", help="one round: seconds (15s) or env steps (50k)")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--name", help="experiment name (namespace of queues and the run dir)")
-    p.add_argument("--out", help="run directory (default runs/<experiment>)")
-    p.add_argument("--threads", type=int, help="torch threads per pod process")
-    p.add_argument("--resume", metavar="RUN_DIR",
-                   help="carry on the interrupted run in RUN_DIR (runs/<experiment>)")
+    p.add_argument("--experiment", help="experiment TOML file (default: none, flags and "
+                   "Podracer's defaults)")
+    p.add_argument("--env", help=f"env name (default: the file's, else {DEFAULT_ENV})")
+    p.add_argument("--algos", help="algorithm mix, e.g. ppo,sac,td3 or ppo:2,sac:1 "
+                   "(default: the file's, else ppo,sac,td3 less those that cannot act on "
+                   "the env)")
+    p.add_argument("--pods", type=int, help="population size (default: the file's, else "
+                   "0 = from the machine: one per GPU, else one per CPU core)")
+    p.add_argument("--target-score", type=float,
+                   help="stop when the best score reaches this (default: the file's, else none)")
+    p.add_argument("--budget", help="total budget: seconds (300s, 5m) or env steps (2M) "
+                   "(default: the file's; without a file 30m)")
+    p.add_argument("--round-budget", help="one round: seconds (15s) or env steps (50k) "
+                   "(default: the file's, else total seconds / 15 within 10s..120s)")
+    p.add_argument("--seed", type=int, help="seed of the generator and so of every pod "
+                   "(default: the file's, else 0)")
+    p.add_argument("--name", help="experiment name: namespace of queues and the run dir "
+                   "(default: the file's, else from the env)")
+    p.add_argument("--run-dir", help="run directory (default: runs/<experiment>, or "
+                   "runs/<experiment>-N when that holds an earlier run)")
+    p.add_argument("--threads", type=int, help="torch threads per pod process "
+                   "(env PODRACER_TORCH_THREADS; default: 1)")
+    p.add_argument("--resume", metavar="RUN_DIR", nargs="?", const="",
+                   help="carry on an interrupted run: RUN_DIR, or without it the last run "
+                        "directory of the experiment (runs/<experiment>[-N]) (default: off)")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the complete experiment (flags and file merged, every "
+                        "default filled) as TOML and exit")
     p.add_argument("--fresh", action="store_true",
                    help="delete the run already in the run directory and start over")
     p.add_argument("--queue-expiry", metavar="DURATION",
                    help="broker mode: an unused work queue is deleted after this long "
-                        "(default 1d; a killed run must be resumed before)")
+                        "(default: 1d; a killed run must be resumed before)")
     p.add_argument("--quiet", action="store_true", help="no progress view")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="service log lines on the console too (always in <out>/logs/)")
@@ -287,16 +323,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="run one service (needs --broker)")
     p.add_argument("role", choices=list(ROLES))
-    p.add_argument("--experiment", help="experiment file (env PODRACER_EXPERIMENT_FILE)")
-    p.add_argument("--store", help="shared store directory (env PODRACER_STORE)")
-    p.add_argument("--name", help="instance name (env PODRACER_POD)")
+    p.add_argument("--experiment", help="experiment file (env PODRACER_EXPERIMENT_FILE; "
+                   "default: Podracer's default experiment)")
+    p.add_argument("--store", help="shared store directory (env PODRACER_STORE; "
+                   "default: runs/<experiment>)")
+    p.add_argument("--instance", help="instance name (env PODRACER_POD, default: "
+                   "<role>-<host>-<pid>)")
     p.add_argument("--reevaluate", action="store_true",
                    help="updater: re-evaluate checkpoints instead of trusting pods")
     p.add_argument("--scaler", default=None, choices=SCALERS,
-                   help="orchestrator: how pods are run (env PODRACER_SCALER, default local)")
-    p.add_argument("--min-pods", type=int, default=None, help="orchestrator: floor of pods")
+                   help="orchestrator: how pods are run (env PODRACER_SCALER, default: local)")
+    p.add_argument("--min-pods", type=int, default=None,
+                   help="orchestrator: floor of pods (default: 1)")
     p.add_argument("--poll", type=float, default=1.0, help="orchestrator: seconds per poll")
-    p.add_argument("--log-dir", help="orchestrator: directory for local pods' logs")
+    p.add_argument("--log-dir", help="orchestrator: directory for local pods' logs "
+                   "(default: none, pods log to the console)")
     p.add_argument("--insecure", action="store_true",
                    help="run without the experiment's secret (PODRACER_SECRET_FILE): "
                         "messages neither signed nor checked")
@@ -321,7 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_command(sub, _add_common)
     backtest.add_command(sub, _add_common)
     users_cli.add_command(sub, _add_common)
-    return parser
+    renames.add_aliases(sub)
+    return finish(parser)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -330,8 +372,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         configure_logging(args.log_level)
+        _quiet_client_logs()
         code: int = args.func(args)
         return code
+    except ConnectionClosed as exc:
+        print(f"podracer: error: {unreachable(args, exc)}", file=sys.stderr)
+        return 2
     except PodracerError as exc:
         print(f"podracer: error: {exc}", file=sys.stderr)
         return 2

@@ -5,7 +5,7 @@
 * ``export``: the best checkpoint (or a top-K ensemble) as one policy file.
 * ``evaluate``: a policy file (or a stored checkpoint) scored deterministically.
 
-Where things are: ``--experiment`` is an experiment file or a bare name (default
+Where things are: ``--name`` is the experiment's name, ``--experiment`` its file (default
 ``PODRACER_EXPERIMENT_FILE``, then Podracer's default experiment); ``--store`` defaults
 to ``PODRACER_STORE``, then ``runs/<experiment>``. Commands that only read a store never
 create one: a missing store is a ``ConfigError`` naming ``--store``.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,16 +32,24 @@ _TABLE_HEAD = ("rank", "id", "algorithm", "score", "env steps", "pool", "gen", "
 # ------------------------------------------------------------------ where things are
 
 
-def experiment_name(value: str | None) -> str:
-    """The experiment's name from a file path or a bare name (see the module doc)."""
+def experiment_name(value: str | None, name: str | None = None) -> str:
+    """The experiment's name: ``name`` (``--name``), else from the file ``value`` (a bare
+    name there still works, with a warning: see the module doc)."""
     from broker.core.settings import default_experiment, read_experiment
     from broker.core.topology import check_experiment
 
+    if name is not None:
+        try:
+            return check_experiment(name)
+        except ConfigError as exc:
+            raise ConfigError("--name", exc.problem, "use A-Z a-z 0-9 _ -") from None
     if value is None:
         from_env = os.environ.get("PODRACER_EXPERIMENT_FILE")
         return read_experiment(from_env).name if from_env else default_experiment().name
     if Path(value).is_file() or value.endswith((".toml", ".json")):
         return read_experiment(value).name
+    print(f"podracer: warning: --experiment {value} names no file; an experiment name is "
+          f"now --name {value} (--experiment NAME goes in the next release)", file=sys.stderr)
     try:
         return check_experiment(value)
     except ConfigError as exc:
@@ -49,10 +58,10 @@ def experiment_name(value: str | None) -> str:
                           "0-9 _ -") from None
 
 
-def store_dir(store: str | None, experiment: str | None) -> Path:
+def store_dir(store: str | None, experiment: str | None, name: str | None = None) -> Path:
     """``--store``, else ``PODRACER_STORE``, else ``runs/<experiment>``."""
     chosen = store or os.environ.get("PODRACER_STORE")
-    return Path(chosen) if chosen else Path("runs") / experiment_name(experiment)
+    return Path(chosen) if chosen else Path("runs") / experiment_name(experiment, name)
 
 
 def open_store(root: Path) -> LeaderboardStore:
@@ -118,19 +127,28 @@ def positive(value: int, flag: str) -> int:
 def cmd_leaderboard(args: argparse.Namespace) -> int:
     """Print the top-K table, or the lineage chain of ``--lineage``."""
     from leaderboard.export import resolve_entry
+    from podracer.json_out import emit, entry_json
 
-    root = store_dir(args.store, args.experiment)
+    root = store_dir(args.store, args.experiment, args.name)
     with open_store(root) as store:
         if args.lineage:
             entry = resolve_entry(store, args.lineage, "--lineage")
             chain = store.lineage(entry.id)
+            if args.json:
+                emit({"store": str(root), "lineage_of": entry.id,
+                      "checkpoints": [entry_json(e) for e in chain]})
+                return 0
             print(f"lineage of {entry.id} ({len(chain)} checkpoint(s), newest first)")
             print(lineage_table(chain))
             if chain[-1].parent_id is not None:
                 print(f"(parent {chain[-1].parent_id[:12]} of the oldest is not in the store)")
             return 0
-        k = positive(args.k, "-k")
+        k = positive(args.rows, "--rows")
         entries = store.top(k)
+        if args.json:
+            emit({"store": str(root), "checkpoints_total": store.count(),
+                  "top": [entry_json(e, rank) for rank, e in enumerate(entries, start=1)]})
+            return 0
         print(f"leaderboard {root}: top {len(entries)} of {store.count()} checkpoint(s)")
         if entries:
             print(leaderboard_table(entries))
@@ -144,7 +162,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from leaderboard.export import export_policy, policy_from_store, resolve_entry
 
     top = positive(args.top, "--top")
-    with open_store(store_dir(args.store, args.experiment)) as store:
+    with open_store(store_dir(args.store, args.experiment, args.name)) as store:
         entries = ([resolve_entry(store, i, "--id") for i in args.id] if args.id
                    else store.top(top))
         chosen, note = choose_members(entries, keep_weak=args.keep_weak or bool(args.id))
@@ -178,8 +196,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                           "drop PATH or --store/--id")
     if args.path:
         policy = load_policy(args.path, device, env=args.env)
-    elif args.store or args.id or args.experiment:
-        with open_store(store_dir(args.store, args.experiment)) as store:
+    elif args.store or args.id or args.experiment or args.name:
+        with open_store(store_dir(args.store, args.experiment, args.name)) as store:
             policy = policy_from_store(store, [args.id] if args.id else [], device)
     else:
         raise ConfigError("PATH", "nothing to evaluate",
@@ -218,18 +236,28 @@ def _check_env_spaces(policy: Any, env: Any, name: str) -> None:
 
 
 def add_place(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--experiment", help="experiment file (.toml/.json) or name "
-                   "(env PODRACER_EXPERIMENT_FILE)")
+    p.add_argument("--experiment", help="experiment file (.toml/.json) (env "
+                   "PODRACER_EXPERIMENT_FILE, default: Podracer's default experiment)")
+    p.add_argument("--name", help="experiment name, instead of its file (default: the "
+                   "file's)")
     p.add_argument("--store", help="run directory with the leaderboard "
                    "(env PODRACER_STORE, default runs/<experiment>)")
+
+
+def add_json(p: argparse.ArgumentParser) -> None:
+    """``--json``: one JSON document on stdout instead of the tables."""
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON document instead of the tables (see docs/faq.md)")
 
 
 def add_commands(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
     """Register ``leaderboard``, ``export`` and ``evaluate`` on ``sub``."""
     p = sub.add_parser("leaderboard", help="top-K table or one checkpoint's lineage")
     add_place(p)
-    p.add_argument("-k", type=int, default=10, help="rows (default 10)")
-    p.add_argument("--lineage", metavar="ID", help="show the ancestors of ID (a prefix is fine)")
+    p.add_argument("--rows", type=int, default=10, help="rows (default 10)")
+    add_json(p)
+    p.add_argument("--lineage", metavar="ID", help="show the ancestors of ID (a prefix is fine; "
+                   "default: the top-K table)")
     add_common(p)
     p.set_defaults(func=cmd_leaderboard)
 
@@ -237,8 +265,9 @@ def add_commands(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]
     add_place(p)
     p.add_argument("--top", type=int, default=1, help="ensemble of the K best (default 1)")
     p.add_argument("--id", action="append", metavar="ID",
-                   help="export this checkpoint (repeat for an ensemble; prefixes are fine)")
-    p.add_argument("--out", required=True, help="file to write")
+                   help="export this checkpoint (repeat for an ensemble; prefixes are fine; "
+                   "default: the --top best)")
+    p.add_argument("--out", required=True, help="file to write (required)")
     p.add_argument("--format", choices=("policy", "onnx", "torchscript"), default="policy",
                    help="policy: Podracer's file (default); onnx / torchscript: a graph "
                         "obs -> action for deployment, normalisation included")
@@ -252,7 +281,7 @@ def add_commands(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]
     add_place(p)
     p.add_argument("--id", help="with --store: this checkpoint (default: the best)")
     p.add_argument("--episodes", type=int, default=32, help="episodes (default 32)")
-    p.add_argument("--env", help="evaluate on this env instead of the policy's")
+    p.add_argument("--env", help="evaluate on this env (default: the policy's)")
     p.add_argument("--seed", type=int, default=0, help="reset seed (default 0)")
     add_common(p)
     p.set_defaults(func=cmd_evaluate)

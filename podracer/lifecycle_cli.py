@@ -6,7 +6,7 @@
   session ended at its target or budget), *interrupted* (Ctrl-C, or the process died:
   ``podracer train --resume`` carries on), or *failed*.
 * ``clean <exp>`` deletes the experiment's queues, exchanges and expiry policy
-  (messages included), and with ``--store`` its run directory (after a confirmation,
+  (messages included), and with ``--delete-run`` its run directory (after a confirmation,
   or ``--yes``). It refuses while the experiment runs.
 * ``dead-letters <exp>`` lists dead letters (id, kind, reason, age) without consuming
   them; ``--requeue ID`` / ``--all`` sends them back to their work queue, ``--purge``
@@ -27,7 +27,8 @@ from typing import Any
 
 from broker.core.errors import BrokerError, ConfigError
 from broker.core.topology import WORK_QUEUES, check_experiment
-from podracer.inspect_cli import format_table
+from podracer.inspect_cli import add_json, format_table
+from podracer.run_dir import run_number
 
 DEFAULT_RUNS = "runs"
 
@@ -53,17 +54,28 @@ def _quiet() -> None:
 
 @dataclasses.dataclass
 class Row:
-    """One experiment as ``ls`` shows it."""
+    """One run directory (or an experiment only the broker knows) as ``ls`` shows it;
+    ``None``: unknown (``-`` in the table, ``null`` in ``--json``)."""
 
     name: str
     state: str = "-"
-    env: str = "-"
-    algos: str = "-"
-    best: str = "-"
-    checkpoints: str = "-"
-    wall: str = "-"
-    dead: str = "-"
-    where: str = "-"
+    env: str | None = None
+    algos: list[str] | None = None
+    best: float | None = None
+    checkpoints: int | None = None
+    wall_s: float | None = None
+    dead_letters: int | None = None
+    run_dir: str | None = None
+
+    def cells(self) -> tuple[str, ...]:
+        """The table row."""
+        return (self.name, self.state, self.env or "-",
+                ",".join(self.algos) if self.algos else "-",
+                "-" if self.best is None else f"{self.best:.1f}",
+                "-" if self.checkpoints is None else str(self.checkpoints),
+                "-" if self.wall_s is None else _duration(self.wall_s),
+                "-" if self.dead_letters is None else str(self.dead_letters),
+                self.run_dir or "-")
 
 
 def _pid_alive(pid: Any) -> bool:
@@ -111,25 +123,29 @@ def _run_row(run: Path) -> Row | None:
         exp = read_experiment(run / EXPERIMENT_FILE)
     except ConfigError:
         return None
-    row = Row(exp.name, state=run_state(run), env=exp.env, algos=",".join(exp.algos),
-              where=str(run))
+    row = Row(exp.name, state=run_state(run), env=exp.env, algos=list(exp.algos),
+              run_dir=str(run))
     if (run / DB_NAME).is_file():
         with LeaderboardStore(run, create=False) as store:
             done = spent(store)
-        row.best = "-" if done.best is None else f"{done.best.score_mean:.1f}"
-        row.checkpoints, row.wall = str(done.checkpoints), _duration(done.seconds)
+        row.best = None if done.best is None else done.best.score_mean
+        row.checkpoints, row.wall_s = done.checkpoints, done.seconds
     return row
 
 
 def experiment_rows(runs: Path, broker: str | None,
                     management: str | None = None) -> list[Row]:
-    """The rows of ``ls``: runs under ``runs``, joined with the broker's queues."""
-    rows = {}
+    """The rows of ``ls``: one per run directory under ``runs`` (``runs/x`` and
+    ``runs/x-2`` are two rows), joined with the broker's queues: an experiment's queues
+    belong to its newest run directory."""
+    rows: list[Row] = []
     if runs.is_dir():
         for run in sorted(p for p in runs.iterdir() if p.is_dir()):
             row = _run_row(run)
             if row is not None:
-                rows[row.name] = row
+                rows.append(row)
+    rows.sort(key=lambda r: (r.name, run_number(Path(r.run_dir or ""), r.name) or 0))
+    newest = {r.name: r for r in rows}  # sorted oldest first: the last one wins
     if broker:
         from broker.runtime.lifecycle import BrokerAdmin, Management, experiments_on
 
@@ -139,11 +155,14 @@ def experiment_rows(runs: Path, broker: str | None,
             with BrokerAdmin(broker, name) as admin:
                 queues = admin.queues()
                 busy = admin.running()
-            row = rows.setdefault(name, Row(name, state="queues only"))
-            row.dead = str(sum(q.messages for q in queues if q.name.endswith(".dead")))
+            if name not in newest:
+                newest[name] = Row(name, state="queues only")
+                rows.append(newest[name])
+            row = newest[name]
+            row.dead_letters = sum(q.messages for q in queues if q.name.endswith(".dead"))
             if busy is not None:
                 row.state = "running"
-    return sorted(rows.values(), key=lambda r: r.name)
+    return sorted(rows, key=lambda r: (r.name, run_number(Path(r.run_dir or ""), r.name) or 0))
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -152,13 +171,17 @@ def cmd_ls(args: argparse.Namespace) -> int:
     _quiet()
     broker = _broker(args, required=False)
     rows = experiment_rows(Path(args.runs), broker, args.management)
+    if args.json:
+        from podracer.json_out import emit
+
+        emit({"runs": args.runs, "rows": [dataclasses.asdict(r) for r in rows]})
+        return 0
     if not rows:
         print(f"no experiments in {args.runs}" + (" or on the broker" if broker else ""))
         return 0
     head = ("experiment", "state", "env", "algos", "best", "checkpoints", "wall",
             "dead letters", "run dir")
-    print(format_table(head, [(r.name, r.state, r.env, r.algos, r.best, r.checkpoints,
-                               r.wall, r.dead, r.where) for r in rows]))
+    print(format_table(head, [r.cells() for r in rows]))
     return 0
 
 
@@ -175,14 +198,14 @@ def _confirm(question: str, yes: bool) -> bool:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    """Delete an experiment's queues, exchanges and expiry policy (and ``--store``)."""
+    """Delete an experiment's queues, exchanges and expiry policy (and ``--delete-run``)."""
     from broker.runtime.lifecycle import BrokerAdmin, Management
 
     _quiet()
     name = check_experiment(args.name)
-    broker = _broker(args, required=not args.store)
+    broker = _broker(args, required=not args.delete_run)
     run = Path(args.runs) / name
-    if args.store and run_state(run) == "running":
+    if args.delete_run and run_state(run) == "running":
         raise ConfigError("experiment", f"{name} is running (its train process is alive)",
                           "stop it first (Ctrl-C), then clean")
     if broker:
@@ -198,7 +221,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
             print(f"podracer: expiry policy not removed: {exc}", file=sys.stderr)
         print(f"deleted {len(deleted)} queue(s) of {name}" +
               "".join(f"\n  {q}" for q in deleted))
-    if args.store:
+    if args.delete_run:
         if not run.is_dir():
             print(f"no run directory {run}")
         elif _confirm(f"delete {run} (store, charts, logs)?", args.yes):
@@ -257,16 +280,18 @@ def _print_letters(dead: str, letters: list[Any]) -> None:
 
 def add_commands(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
     """Register ``ls``, ``clean`` and ``dead-letters`` on ``sub``."""
-    p = sub.add_parser("ls", help="every experiment with its state, best score, dead letters")
+    p = sub.add_parser("ls", help="every run directory with its state, best score, dead letters")
     p.add_argument("--runs", default=DEFAULT_RUNS, help="runs directory (default runs)")
+    add_json(p)
     p.add_argument("--management", help="management API base URL "
                    "(default http://<broker host>:15672)")
     add_common(p)
     p.set_defaults(func=cmd_ls)
 
-    p = sub.add_parser("clean", help="delete an experiment's queues (and --store its run)")
+    p = sub.add_parser("clean", help="delete an experiment's queues (and --delete-run its run)")
     p.add_argument("name", metavar="EXPERIMENT")
-    p.add_argument("--store", action="store_true", help="also delete runs/<experiment>")
+    p.add_argument("--delete-run", action="store_true",
+                   help="also delete the run directory runs/<experiment>")
     p.add_argument("--runs", default=DEFAULT_RUNS, help="runs directory (default runs)")
     p.add_argument("--yes", action="store_true", help="do not ask before deleting the store")
     p.add_argument("--management", help="management API base URL "
@@ -277,9 +302,11 @@ def add_commands(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]
     p = sub.add_parser("dead-letters", help="list, requeue or purge an experiment's "
                        "dead letters")
     p.add_argument("name", metavar="EXPERIMENT")
-    p.add_argument("--queue", choices=WORK_QUEUES, help="only this queue's dead letters")
+    p.add_argument("--queue", choices=WORK_QUEUES,
+                   help="only this queue's dead letters (default: all)")
     p.add_argument("--requeue", action="append", metavar="ID",
-                   help="send this dead letter back to its work queue (repeatable)")
+                   help="send this dead letter back to its work queue (repeatable; "
+                        "default: list only)")
     p.add_argument("--all", action="store_true", help="send every dead letter back")
     p.add_argument("--purge", action="store_true", help="empty the dead-letter queue")
     p.add_argument("--limit", type=int, default=100, help="rows to list (default 100)")

@@ -314,7 +314,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"{root}: no checkpoints yet")
         return 0
     start = run_start(entries)
-    for path in draw(entries, Path(args.out) if args.out else root, start, args.target):
+    for path in draw(entries, Path(args.chart_dir) if args.chart_dir else root, start, args.target):
         print(path)
     print(summary_line(entries, start))
     return 0
@@ -323,8 +323,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 def add_command(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
     """Register ``report`` on ``sub``."""
     p = sub.add_parser("report", help="draw a store's tournament and throughput charts")
-    p.add_argument("--store", help="run directory holding the store (env PODRACER_STORE)")
-    p.add_argument("--target", type=float, help="draw this target score as a dashed line")
-    p.add_argument("--out", help="directory for the PNGs (default: the store's)")
+    p.add_argument("--store", help="run directory holding the store (env PODRACER_STORE; "
+                   "required)")
+    p.add_argument("--target", type=float,
+                   help="draw this target score as a dashed line (default: none)")
+    p.add_argument("--chart-dir", help="directory for the PNGs (default: the store's)")
     add_common(p)
     p.set_defaults(func=cmd_report)

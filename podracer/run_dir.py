@@ -48,7 +48,7 @@ def check(out: Path, resume: bool) -> None:
                           "point it at the run directory of an earlier `podracer train` "
                           "(runs/<experiment>)")
     if not resume and has_run(out):
-        raise ConfigError("--out", f"{out} already holds a run",
+        raise ConfigError("--run-dir", f"{out} already holds a run",
                           f"continue it with `podracer train --resume {out}`, or start "
                           "over with --fresh (deletes it)")
     out.mkdir(parents=True, exist_ok=True)
@@ -61,6 +61,32 @@ def next_free(base: Path) -> Path:
         n += 1
         out = base.with_name(f"{base.name}-{n}")
     return out
+
+
+def run_number(run: Path, name: str) -> int | None:
+    """1 for ``runs/<name>``, N for ``runs/<name>-N``, None for another directory."""
+    if run.name == name:
+        return 1
+    stem, _, n = run.name.rpartition("-")
+    return int(n) if stem == name and n.isdigit() and int(n) >= 2 else None
+
+
+def run_dirs(runs: Path, name: str) -> list[Path]:
+    """The run directories of experiment ``name`` under ``runs`` (``<name>``,
+    ``<name>-2``...: those holding a run's experiment), oldest (lowest number) first."""
+    found = [(n, p) for p in (runs.iterdir() if runs.is_dir() else ())
+             if (n := run_number(p, name)) is not None and (p / EXPERIMENT_FILE).is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def last_run(runs: Path, name: str) -> Path:
+    """The newest run directory of ``name`` (highest number), for ``train --resume``."""
+    found = run_dirs(runs, name)
+    if not found:
+        raise ConfigError("--resume", f"no run of {name!r} in {runs}",
+                          "pass the run directory (--resume runs/<experiment>), or --name "
+                          "with the experiment's name; `podracer ls` lists them")
+    return found[-1]
 
 
 def read_sessions(out: Path) -> list[dict[str, Any]]:

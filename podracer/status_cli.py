@@ -26,6 +26,7 @@ from broker.core.errors import ConfigError
 from broker.core.schemas import Heartbeat, Metrics
 from leaderboard.store import DB_NAME, LeaderboardStore
 from podracer.inspect_cli import (
+    add_json,
     add_place,
     experiment_name,
     format_table,
@@ -93,27 +94,43 @@ def _rate(value: float) -> str:
     return f"{value:.2f}"
 
 
-def _queue_rows(broker: str, experiment: str, management: str | None) -> tuple[str, bool]:
-    """The queue table, and whether the experiment's queues exist on the broker."""
+def queue_data(broker: str, experiment: str, management: str | None) -> list[dict[str, Any]]:
+    """One dict per queue of ``experiment``: name, declared, ready, consumers and rates
+    (``None`` where unknown: not declared, or no management API)."""
     from broker.core.topology import QUEUES
     from broker.transports.sync_client import SyncClient
 
-    head = ("queue", "ready", "consumers", "publish/s", "deliver/s", "ack/s")
-    rows: list[tuple[str, ...]] = []
-    found = False
+    rows: list[dict[str, Any]] = []
     with SyncClient(broker, experiment) as client:
         for short in QUEUES:
+            row: dict[str, Any] = dict.fromkeys(
+                ("ready", "consumers", "publish_per_s", "deliver_per_s", "ack_per_s"))
             try:
                 stats = client.queue_stats(short)
             except ConfigError:  # not declared: services never started under this name
-                rows.append((f"{client.topology.prefix}.{short}", "missing", "-", "-", "-", "-"))
+                rows.append({"queue": f"{client.topology.prefix}.{short}",
+                             "declared": False, **row})
                 continue
-            found = True
             rates = queue_rates(broker, stats.name, management)
-            shown = (("n/a",) * 3 if rates is None
-                     else (_rate(rates.publish), _rate(rates.deliver), _rate(rates.ack)))
-            rows.append((stats.name, str(stats.messages), str(stats.consumers), *shown))
-    return format_table(head, rows), found
+            row.update(ready=stats.messages, consumers=stats.consumers)
+            if rates is not None:
+                row.update(publish_per_s=rates.publish, deliver_per_s=rates.deliver,
+                           ack_per_s=rates.ack)
+            rows.append({"queue": stats.name, "declared": True, **row})
+    return rows
+
+
+def _queue_table(rows: list[dict[str, Any]]) -> str:
+    head = ("queue", "ready", "consumers", "publish/s", "deliver/s", "ack/s")
+
+    def shown(row: dict[str, Any]) -> tuple[str, ...]:
+        if not row["declared"]:
+            return (row["queue"], "missing", "-", "-", "-", "-")
+        rates = [row[k] for k in ("publish_per_s", "deliver_per_s", "ack_per_s")]
+        return (row["queue"], str(row["ready"]), str(row["consumers"]),
+                *(("n/a",) * 3 if rates[0] is None else (_rate(r) for r in rates)))
+
+    return format_table(head, [shown(r) for r in rows])
 
 
 Heard = dict[str, tuple[float, Heartbeat]]
@@ -177,9 +194,11 @@ def _quiet_client_logs() -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Queues, dead letters, live services and the leaderboard of one experiment."""
+    """Queues, dead letters, live services and the leaderboard of one experiment (as
+    tables, or with ``--json`` one JSON document)."""
     from broker.core.auth import secret_from_env
     from broker.transports.base import redact
+    from podracer.json_out import emit, entry_json
 
     _quiet_client_logs()
     broker = args.broker or os.environ.get("PODRACER_BROKER")
@@ -188,44 +207,61 @@ def cmd_status(args: argparse.Namespace) -> int:
                           "pass --broker amqp://user:pass@host:5672/ or set PODRACER_BROKER")
     if args.listen < 0:
         raise ConfigError("--listen", f"must be >= 0, got {args.listen}", "e.g. --listen 6")
-    name = experiment_name(args.experiment)
+    rows = positive(args.rows, "--rows")
+    name = experiment_name(args.experiment, args.name)
+    queues = queue_data(broker, name, args.management)
+    declared = any(q["declared"] for q in queues)
+    listen = declared and args.listen > 0 and secret_from_env() is not None
+    beats, pools = asyncio.run(listen_heartbeats(broker, name, args.listen)) if listen else ({}, {})
+    root = store_dir(args.store, args.experiment, args.name)
+    entries, total = [], None
+    if (root / DB_NAME).is_file():
+        with LeaderboardStore(root) as store:
+            entries, total = store.top(rows), store.count()
+    if args.json:
+        now = time.monotonic()
+        emit({"experiment": name, "broker": redact(broker), "queues": queues,
+              "listened_s": args.listen if listen else None,
+              "services": [{"name": n, "role": b.role, "status": b.status,
+                            "env_steps": b.env_steps, "last_beat_s_ago": now - seen}
+                           for n, (seen, b) in sorted(beats.items())],
+              "pools": pools,
+              "leaderboard": None if total is None else {
+                  "store": str(root), "checkpoints_total": total,
+                  "top": [entry_json(e, r) for r, e in enumerate(entries, start=1)]}})
+        return 0
     print(f"experiment {name} on {redact(broker)}")
-    table, declared = _queue_rows(broker, name, args.management)
-    print(table)
+    print(_queue_table(queues))
     if not declared:
         print("(no queues: wrong experiment name, or its services have not started yet)")
-    elif args.listen > 0 and secret_from_env() is None:
+    elif args.listen > 0 and not listen:
         # heartbeats are signed (broker.core.auth): without the secret none can be trusted
         print("\nservices: not listened to; set PODRACER_SECRET_FILE to the experiment's "
               "secret to hear their signed heartbeats")
-    elif args.listen > 0:
-        beats, pools = asyncio.run(listen_heartbeats(broker, name, args.listen))
+    elif listen:
         print(f"\nservices heard in {args.listen:g}s: {len(beats)}")
         if beats:
             print(_heartbeat_table(beats))
         if pools:
             print("\nexperience pool (agents.pod.pool):")
             print(_pool_table(pools))
-    root = store_dir(args.store, args.experiment)
-    if (root / DB_NAME).is_file():
-        with LeaderboardStore(root) as store:
-            entries = store.top(positive(args.k, "-k"))
-            print(f"\nleaderboard {root}: top {len(entries)} of {store.count()} checkpoint(s)")
-            if entries:
-                print(leaderboard_table(entries))
-    else:
+    if total is None:
         print(f"\n(no leaderboard at {root})")
+    else:
+        print(f"\nleaderboard {root}: top {len(entries)} of {total} checkpoint(s)")
+        if entries:
+            print(leaderboard_table(entries))
     return 0
-
 
 
 def add_command(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
     """Register ``status`` on ``sub``."""
     p = sub.add_parser("status", help="queues, dead letters, live services, leaderboard")
     add_place(p)
+    add_json(p)
     p.add_argument("--listen", type=float, default=6.0,
                    help="seconds to listen for heartbeats (default 6; 0 skips)")
-    p.add_argument("-k", type=int, default=5, help="leaderboard rows (default 5)")
+    p.add_argument("--rows", type=int, default=5, help="leaderboard rows (default 5)")
     p.add_argument("--management", help="management API base URL "
                    "(default http://<broker host>:15672)")
     add_common(p)

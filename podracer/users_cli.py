@@ -56,7 +56,7 @@ def cmd_env(args: argparse.Namespace) -> int:
     from broker.core.auth import write_secret_file
     from broker.runtime.users import new_password, user_name
 
-    experiment = check_experiment(args.experiment)
+    experiment = _experiment(args)
     print(f"PODRACER_EXPERIMENT={experiment}")
     for role in _roles(args):
         print(f"{_variable(role, 'USER')}={user_name(experiment, role)}")
@@ -74,7 +74,7 @@ def cmd_setup(args: argparse.Namespace) -> int:
     from broker.runtime.lifecycle import Management
     from broker.runtime.users import role_url, setup_users
 
-    broker, experiment, roles = _broker(args), check_experiment(args.experiment), _roles(args)
+    broker, experiment, roles = _broker(args), _experiment(args), _roles(args)
     passwords = None
     if args.passwords_from_env:
         missing = [_variable(r, "PASSWORD") for r in roles
@@ -94,10 +94,16 @@ def cmd_remove(args: argparse.Namespace) -> int:
     from broker.runtime.lifecycle import Management
     from broker.runtime.users import remove_users
 
-    broker, experiment, roles = _broker(args), check_experiment(args.experiment), _roles(args)
+    broker, experiment, roles = _broker(args), _experiment(args), _roles(args)
     removed = remove_users(Management.of(broker, args.management), experiment, roles)
     print(f"podracer: removed {len(removed)} user(s): {', '.join(removed) or 'none'}")
     return 0
+
+
+def _experiment(args: argparse.Namespace) -> str:
+    if not args.experiment:
+        raise ConfigError("--name", "no experiment name given", "e.g. --name pendulum")
+    return check_experiment(args.experiment)
 
 
 def add_command(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -109,10 +115,11 @@ def add_command(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> 
             ("setup", cmd_setup, "create or reset the users; print their broker URLs"),
             ("remove", cmd_remove, "delete the users")):
         p = verbs.add_parser(verb, help=text)
-        p.add_argument("--experiment", required=True, help="experiment name")
-        p.add_argument("--roles", help=f"comma-separated subset of {_ROLE_NAMES}")
+        p.add_argument("--name", dest="experiment", help="experiment name (required)")
+        p.add_argument("--roles", help=f"comma-separated subset of {_ROLE_NAMES} (default: all)")
         if verb == "env":
-            p.add_argument("--secret-file", help="write a new message secret here if absent")
+            p.add_argument("--secret-file", help="write a new message secret here if absent "
+                           "(default: none)")
         else:
             p.add_argument("--management", help="management API base URL (default "
                                                 "http://<broker host>:15672)")

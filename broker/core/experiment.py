@@ -63,10 +63,11 @@ class TotalBudget:
 class SelectionSpec:
     """A selection strategy by name and its params (``leaderboard.selection`` builds it)."""
 
-    name: str = "top_k"
+    name: str = "tournament"
     """``fresh``, ``top_k``, ``softmax`` or ``tournament``."""
     params: Mapping[str, float | int] = dataclasses.field(default_factory=dict)
-    """The strategy's parameters (``k``, ``temperature``, ``size``); read-only."""
+    """The strategy's parameters (``k``, ``temperature``, ``size``; those left out take the
+    strategy's defaults, e.g. ``size = 3``); read-only."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +129,7 @@ class Experiment:
     the algorithm has checkpoints (each costs ``ready_s`` of training to judge)."""
     population: PopulationSpec = dataclasses.field(default_factory=PopulationSpec)
     """Lineages per algorithm, readiness and the per-algorithm quota."""
-    eval_episodes: int = 8
+    eval_episodes: int = 16
     """Episodes the pod's evaluator averages per checkpoint score."""
     num_envs: Mapping[str, int] = dataclasses.field(default_factory=dict)
     """Per-algorithm ``num_envs`` (in TOML an integer applies to every algorithm)."""
@@ -261,7 +262,9 @@ def _total_budget(table: Table) -> TotalBudget:
 
 
 def _selection(table: Table) -> SelectionSpec:
-    name = table.string("name", "top_k")
+    if not table.data:  # the default, its parameter spelled out (--print-config shows it)
+        return SelectionSpec("tournament", {"size": 3})
+    name = table.string("name", "tournament")
     params = {k: v for k, v in table.data.items() if k != "name"}
     table.known.extend(params)  # the strategy checks them (an experiment ``Check``)
     for key, value in params.items():
@@ -360,7 +363,7 @@ def parse_experiment(data: Mapping[str, Any], check: Check | None = None) -> Exp
         mutation=_mutation(top.table("mutation")),
         explore_p=top.required_number("explore_p", 0.0, 0.0, 1.0),
         population=_population(top.table("population")),
-        eval_episodes=top.required_integer("eval_episodes", 8, 1),
+        eval_episodes=top.required_integer("eval_episodes", 16, 1),
         num_envs=_num_envs(top.raw("num_envs", {}), algos),
         hparams=_hparams(top.table("hparams"), algos),
         device=_device(top.string("device", "auto")),

@@ -82,11 +82,9 @@ def default_experiment_data(env: str = DEFAULT_ENV) -> dict[str, Any]:
         "name": name.strip("-") or "default",
         "env": env,
         "algos": {"ppo": 1, "sac": 1, "td3": 1},
+        # the one default a file does not share: a file says how its run ends (train
+        # refuses one that never would); a run from flags alone stops after 30 minutes
         "total_budget": {"seconds": 1800.0},
-        "top_k": 8,
-        "selection": {"name": "tournament", "size": 3},
-        "eval_episodes": 16,
-        "device": "auto",
     }
 
 

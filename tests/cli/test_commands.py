@@ -32,7 +32,7 @@ def _rows(text: str) -> list[list[str]]:
 
 
 def test_leaderboard_prints_the_ranked_table(store_root: Path, capsys: Any) -> None:
-    assert main(["leaderboard", "--store", str(store_root), "-k", "3"]) == 0
+    assert main(["leaderboard", "--store", str(store_root), "--rows", "3"]) == 0
     out = capsys.readouterr().out
     assert "top 3 of 4 checkpoint(s)" in out
     rows = _rows(out)

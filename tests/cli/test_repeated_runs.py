@@ -1,5 +1,5 @@
 """The README's first command, run again, starts a new run beside the earlier one
-(issue 23: it used to stop with "already holds a run"); an explicit --out still stops."""
+(issue 23: it used to stop with "already holds a run"); an explicit --run-dir still stops."""
 
 from __future__ import annotations
 
@@ -43,6 +43,6 @@ def test_a_repeated_command_writes_a_new_run_directory(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "this run writes runs/pendulum-v1-2" in done.stdout
     assert (tmp_path / "runs" / "pendulum-v1-2" / RUN_FILE).is_file()
-    # an explicit --out that holds a run still stops, naming both ways out
-    refused = _train(tmp_path, "--out", "runs/pendulum-v1")
+    # an explicit --run-dir that holds a run still stops, naming both ways out
+    refused = _train(tmp_path, "--run-dir", "runs/pendulum-v1")
     assert refused.returncode == 2 and "--resume" in refused.stderr + refused.stdout

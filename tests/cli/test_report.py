@@ -114,7 +114,7 @@ def test_report_command_redraws_a_store_and_prints_a_summary(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _tournament(tmp_path / "run")
     assert _run("--store", str(tmp_path / "run"), "--target", "-250",
-                "--out", str(tmp_path / "charts")) == 0
+                "--chart-dir", str(tmp_path / "charts")) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[:2] == [str(tmp_path / "charts" / "tournament.png"),
                          str(tmp_path / "charts" / "throughput.png")]

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def test_status_needs_a_real_broker(capsys: Any) -> None:
-    assert main(["status", "--broker", "memory://", "--experiment", "x"]) == 2
+    assert main(["status", "--broker", "memory://", "--name", "x"]) == 2
     assert "--broker: status needs a RabbitMQ broker" in capsys.readouterr().err
 
 
@@ -114,7 +114,7 @@ def test_status_shows_queues_heartbeats_and_leaderboard(amqp_url: str, experimen
     beater.start()
     try:
         assert ready.wait(10)
-        code = main(["status", "--broker", amqp_url, "--experiment", experiment,
+        code = main(["status", "--broker", amqp_url, "--name", experiment,
                      "--listen", "1.5", "--store", str(tmp_path / "none")])
     finally:
         stop.set()
@@ -138,8 +138,25 @@ def test_status_shows_queues_heartbeats_and_leaderboard(amqp_url: str, experimen
 @pytest.mark.rabbitmq
 def test_status_of_an_undeclared_experiment_says_so(amqp_url: str, experiment: str,
                                                     tmp_path: Path, capsys: Any) -> None:
-    code = main(["status", "--broker", amqp_url, "--experiment", experiment,
+    code = main(["status", "--broker", amqp_url, "--name", experiment,
                  "--store", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0
     assert out.count("missing") == 4 and "its services have not started yet" in out
+
+
+@pytest.mark.rabbitmq
+def test_status_json_is_one_document(amqp_url: str, experiment: str, tmp_path: Path,
+                                     capsys: Any) -> None:
+    asyncio.run(_declare_and_fill(amqp_url, experiment))
+    code = main(["status", "--broker", amqp_url, "--name", experiment, "--listen", "0",
+                 "--store", str(tmp_path), "--json"])
+    data = json.loads(capsys.readouterr().out)  # nothing else on stdout
+    assert code == 0
+    queues = {q["queue"]: q for q in data["queues"]}
+    prefix = f"podracer.{experiment}"
+    assert queues[f"{prefix}.generator"]["ready"] == 1
+    assert queues[f"{prefix}.generator"]["consumers"] == 0
+    assert all(q["declared"] for q in queues.values())
+    assert data["experiment"] == experiment and "guest:***@" in data["broker"]
+    assert data["services"] == [] and data["leaderboard"] is None

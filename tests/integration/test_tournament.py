@@ -95,7 +95,7 @@ def test_tournament_on_rabbitmq_in_separate_processes(
     env = {**os.environ, "PODRACER_LOG_LEVEL": "INFO"}
     proc = subprocess.run(
         [sys.executable, "-m", "podracer", "train", str(_experiment_file(tmp_path, experiment)),
-         *ARGS, "--broker", amqp_url, "--out", str(out)],
+         *ARGS, "--broker", amqp_url, "--run-dir", str(out)],
         env=env, capture_output=True, text=True, timeout=400)
     logs = out / "logs"
     all_logs = "\n".join(p.read_text() for p in sorted(logs.glob("*.log")))
@@ -133,7 +133,7 @@ def test_tournament_in_memory_mode(tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "podracer", "train",
-         str(_experiment_file(tmp_path, "memtournament")), *ARGS, "--out", str(out)],
+         str(_experiment_file(tmp_path, "memtournament")), *ARGS, "--run-dir", str(out)],
         capture_output=True, text=True, timeout=400)
     log = (out / "logs" / "train.log").read_text()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-5000:]

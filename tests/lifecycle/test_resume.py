@@ -103,7 +103,7 @@ def test_interrupted_run_resumes_to_one_continuous_run(
     out = tmp_path / "run"
     exp_file = tmp_path / "exp.toml"
     exp_file.write_text(f'name = "{experiment}"\n' + EXPERIMENT)
-    first = _train([str(exp_file), "--out", str(out)], amqp_url)
+    first = _train([str(exp_file), "--run-dir", str(out)], amqp_url)
     try:
         _wait_for_checkpoints(out, 3, first)  # about a third of the budget
         if how == "sigint":
@@ -129,7 +129,7 @@ def test_interrupted_run_resumes_to_one_continuous_run(
 
     # the same command again refuses to mix two runs
     again = subprocess.run([sys.executable, "-m", "podracer", "train", str(exp_file),
-                            "--out", str(out), "--broker", amqp_url, "--quiet"],
+                            "--run-dir", str(out), "--broker", amqp_url, "--quiet"],
                            capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "--resume" in again.stderr and "--fresh" in again.stderr
 

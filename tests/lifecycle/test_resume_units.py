@@ -89,7 +89,7 @@ def test_embedded_run_resumes_its_lineages(tmp_path: Path) -> None:
     base = [sys.executable, "-m", "podracer", "train", "--quiet", "--threads", "1"]
     first = subprocess.run([*base, "--env", "torch/Pendulum-v1", "--algos", "ppo",
                             "--pods", "1", "--budget", "20s", "--round-budget", "10s",
-                            "--out", str(out), "--name", "lc-embedded"],
+                            "--run-dir", str(out), "--name", "lc-embedded"],
                            capture_output=True, text=True, timeout=200)
     assert first.returncode == 0, first.stdout + first.stderr
     with LeaderboardStore(out) as store:

@@ -98,7 +98,7 @@ class Cluster:
         path = self.logs / f"{name}.log"
         with path.open("ab") as fh:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "podracer", "serve", role, "--name", name],
+                [sys.executable, "-m", "podracer", "serve", role, "--instance", name],
                 env=self._env, stdout=fh, stderr=subprocess.STDOUT)
         proc = Proc(name, role, popen, path)
         self.procs.append(proc)

@@ -121,14 +121,14 @@ def test_users_commands_as_documented(amqp_url: str, experiment: str, tmp_path: 
         return done.stdout
 
     secret = tmp_path / "podracer.secret"
-    lines = podracer("env", "--experiment", experiment, "--secret-file", str(secret))
+    lines = podracer("env", "--name", experiment, "--secret-file", str(secret))
     env = dict(line.split("=", 1) for line in lines.splitlines())
     assert env["PODRACER_EXPERIMENT"] == experiment
     assert env["PODRACER_SECRET_PATH"] == str(secret.resolve())
     assert secret.stat().st_mode & 0o777 == 0o600
     assert env["PODRACER_POD_USER"] == f"podracer-{experiment}-pod"
     try:
-        printed = podracer("setup", "--broker", amqp_url, "--experiment", experiment,
+        printed = podracer("setup", "--broker", amqp_url, "--name", experiment,
                            "--passwords-from-env", env=env)
         assert f":{env['PODRACER_POD_PASSWORD']}@" in printed
         params = pika.URLParameters(amqp_url)
@@ -137,4 +137,4 @@ def test_users_commands_as_documented(amqp_url: str, experiment: str, tmp_path: 
         pika.BlockingConnection(params).close()
     finally:
         assert "removed 5 user(s)" in podracer("remove", "--broker", amqp_url,
-                                               "--experiment", experiment)
+                                               "--name", experiment)

@@ -156,7 +156,7 @@ def broker_run(amqp_url: str, experiment: str, out: Path) -> Iterator[subprocess
     argv = [sys.executable, "-m", "podracer", "train", "--broker", amqp_url,
             "--name", experiment, "--env", "torch/Pendulum-v1", "--algos", "ppo,sac",
             "--pods", "1", "--budget", "180s", "--round-budget", "10s", "--threads", "1",
-            "--quiet", "--out", str(out)]
+            "--quiet", "--run-dir", str(out)]
     with (out.parent / f"{out.name}-train.log").open("wb") as log:
         run = subprocess.Popen(argv, cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True)
