@@ -5,7 +5,8 @@
   env steps the run had spent when it came; a thin edge from each parent to its child
   (a lineage); each round's in-round evaluations faint behind; the leaderboard's best as
   a black step line in a band, with error bars, of its evaluation's standard deviation
-  (the spread of the episodes that scored it); the target dashed. Legend samples carry the series' colours.
+  (the spread of the episodes that scored it); the target dashed. Legend samples carry
+  the series' colours.
 * ``throughput.png``: one small panel per algorithm with its env steps per second on a
   scale of its own (PPO's 170k steps/s would flatten SAC's 3k on a shared one), and one
   of the pods training at once, whole pods, stacked by algorithm.
