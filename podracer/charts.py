@@ -152,7 +152,11 @@ def throughput_figure(entries: list[Entry], start: float) -> Any:
                              figsize=(10, 1.7 * len(algorithms) + 3.2),
                              gridspec_kw={"height_ratios": [1.0] * len(algorithms) + [1.1]})
     rate_axes, pods_ax = axes[:-1], axes[-1]
-    fmt = EngFormatter(places=1, sep="")
+    eng = EngFormatter(places=1, sep="")
+
+    def fmt(n: float) -> str:  # 180.2k steps, 119 steps/s: no "0.0 env steps"
+        return eng(n) if n >= 1000 else f"{n:.0f}"
+
     for ax, a in zip(rate_axes, algorithms, strict=True):
         mine = [e for e in entries if e.algorithm == a]
         times, rates, _ = throughput_series(mine, start, end=end)
@@ -162,7 +166,7 @@ def throughput_figure(entries: list[Entry], start: float) -> Any:
                         lw=0)
         busy = sum(r.end - r.start for r in rounds(mine))
         steps = sum(e.env_steps for e in mine)
-        ax.set_ylim(0, max(rates) * 1.2 or 1.0)
+        ax.set_ylim(0, max(rates) * 1.2 or 10.0)  # no steps: whole ticks, not "800m"
         ax.yaxis.set_major_formatter(EngFormatter(sep=""))
         ax.yaxis.set_major_locator(MaxNLocator(3))
         ax.set_ylabel(f"{a}\nsteps/s")
