@@ -75,8 +75,14 @@ def _experiment_from_args(args: argparse.Namespace) -> Any:
                                    else {"steps": rb["env_steps"]})
     if args.track is not None:
         # one flag for the experiment's `tracking` list; "none" turns every tracker off
-        changes["tracking"] = [t.strip() for t in args.track.split(",")
-                               if t.strip() and t.strip() != "none"]
+        from broker.core.experiment import TRACKERS
+
+        chosen = [t.strip() for t in args.track.split(",") if t.strip() not in ("", "none")]
+        unknown = [t for t in chosen if t not in TRACKERS]
+        if unknown:
+            raise ConfigError("--track", f"unknown tracker {unknown[0]!r}",
+                              f"use {', '.join(TRACKERS)} (comma-separated) or none")
+        changes["tracking"] = chosen
     data = apply_overrides(data, changes)
     if args.algos:
         names = [a.strip() for a in args.algos.split(",") if a.strip()]

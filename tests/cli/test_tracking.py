@@ -161,3 +161,14 @@ def test_the_tracking_page_reads_mlflow_as_documented(run: Path, capsys: Any) ->
     exec(compile(code, str(page), "exec"), {})  # the docs' own example, from this repo
     printed = capsys.readouterr().out.strip().splitlines()
     assert printed and printed[0].startswith("ppo-"), printed
+
+
+def test_an_unknown_tracker_is_one_line_naming_track(
+        tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
+    from podracer.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--track", "wandb", "--budget", "2s", "--dry-run", "--quiet"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("podracer: error: --track: unknown tracker 'wandb'"), line
+    assert list(tmp_path.iterdir()) == []
