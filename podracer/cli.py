@@ -76,6 +76,16 @@ def _experiment_from_args(args: argparse.Namespace) -> Any:
         rb = parse_budget(args.round_budget, "--round-budget")
         changes["round_budget"] = ({"seconds": rb["seconds"]} if "seconds" in rb
                                    else {"steps": rb["env_steps"]})
+    if args.track is not None:
+        # one flag for the experiment's `tracking` list; "none" turns every tracker off
+        from broker.core.experiment import TRACKERS
+
+        chosen = [t.strip() for t in args.track.split(",") if t.strip() not in ("", "none")]
+        unknown = [t for t in chosen if t not in TRACKERS]
+        if unknown:
+            raise ConfigError("--track", f"unknown tracker {unknown[0]!r}",
+                              f"use {', '.join(TRACKERS)} (comma-separated) or none")
+        changes["tracking"] = chosen
     data = apply_overrides(data, changes)
     if args.algos:
         names = [a.strip() for a in args.algos.split(",") if a.strip()]
@@ -314,6 +324,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue-expiry", metavar="DURATION",
                    help="broker mode: an unused work queue is deleted after this long "
                         "(default: 1d; a killed run must be resumed before)")
+    p.add_argument("--track", metavar="TRACKERS",
+                   help="where metrics and hyperparameters go: tensorboard, mlflow, "
+                        "tensorboard,mlflow or none (default: the experiment's `tracking`, "
+                        "tensorboard)")
     p.add_argument("--quiet", action="store_true", help="no progress view")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="service log lines on the console too (always in <out>/logs/)")

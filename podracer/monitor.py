@@ -4,10 +4,11 @@
 the best score, the top 3, the pods alive (a heartbeat in the last ``ALIVE_S``
 seconds), their throughput, and the stop reason. On a terminal it shows one live
 panel (``rich``), redrawn in place; elsewhere (a pipe, a CI log, or without the ``viz``
-extra) it prints one progress line every ``PRINT_S`` seconds. It writes TensorBoard
-scalars (``leaderboard/best`` over total env steps and wall time; each pod's metrics
-over its env steps). Without the ``viz`` extra, one line says what is left out and how
-to get it; the run itself needs none of it.
+extra) it prints one progress line every ``PRINT_S`` seconds. It feeds the experiment's
+trackers (``podracer.tracking``: TensorBoard, MLflow): the pods' metrics per lineage over
+its env steps, the leaderboard's best over total env steps, and on ``close`` every
+stored checkpoint's hyperparameters with its score. Without the ``viz`` extra, one line
+says what is left out and how to get it; the run itself needs none of it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from broker.core.experiment import Experiment
 from broker.core.extras import importable
 from broker.core.schemas import Heartbeat, LeaderboardChanged, Message, Metrics, Stop
 from broker.transports.base import Transport
+from leaderboard.store import DB_NAME, LeaderboardStore
 from podracer import console
+from podracer.tracking import LEADERBOARD_RUN, Lineages, Tracker, open_trackers
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +37,11 @@ PRINT_S = 2.0
 class Monitor:
     """Aggregates events; see the module doc."""
 
-    def __init__(self, experiment: Experiment, tb_dir: Path | None, echo: bool = True,
+    def __init__(self, experiment: Experiment, out: Path | None, echo: bool = True,
                  live: bool | None = None) -> None:
-        """``echo``: show progress at all; ``live``: as a redrawn panel (default: when
-        stdout is a terminal)."""
+        """``out``: the run directory the trackers write in and whose store ``close``
+        reads (None: no tracking); ``echo``: show progress at all; ``live``: as a
+        redrawn panel (default: when stdout is a terminal)."""
         self.experiment = experiment
         self.echo = echo
         self.top: list[tuple[str, float]] = []
@@ -45,7 +49,8 @@ class Monitor:
         panel = echo and (sys.stdout.isatty() if live is None else live)
         lacking = [what for module, what, wanted in (
             ("rich", "live panel (progress comes as lines)", panel),
-            ("tensorboard", "TensorBoard files", tb_dir is not None))
+            ("tensorboard", "TensorBoard files",
+             out is not None and "tensorboard" in experiment.tracking))
             if wanted and not importable(module)]
         if lacking:
             print(f"podracer: without the viz extra, no {' and no '.join(lacking)}; "
@@ -58,13 +63,10 @@ class Monitor:
         self.stop_reason: str | None = None
         self._beats: dict[str, tuple[float, str, str]] = {}
         self._speed: dict[str, tuple[float, float]] = {}
-        self._pod_steps: dict[str, int] = {}
         self._last_print = 0.0
-        self._writer: Any = None
-        if tb_dir is not None and importable("tensorboard"):
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._writer = SummaryWriter(str(tb_dir))
+        self.out = out
+        self.lineages = Lineages()
+        self.trackers: list[Tracker] = open_trackers(experiment, out)
         if panel and importable("rich"):
             from rich.live import Live
 
@@ -91,21 +93,20 @@ class Monitor:
             rate = event.values.get("perf/env_steps_per_s")
             if rate is not None:
                 self._speed[event.pod] = (now, rate)
-            if self._writer is not None:
-                step = self._pod_steps.get(event.pod, 0) + 1
-                self._pod_steps[event.pod] = step
-                for key, value in event.values.items():
-                    self._writer.add_scalar(f"pods/{event.pod}/{key}", value, step)
+            placed = self.lineages.place(event) if self.trackers else None
+            if placed is not None:
+                run, step = placed
+                self._track(run, {**event.values, "pod/env_steps": event.env_steps}, step)
         elif isinstance(event, LeaderboardChanged):
             self.best_score = event.best_score
             self.top = list(event.top[:3])
             self.checkpoints = event.checkpoints
             self.total_env_steps = event.total_env_steps
-            if self._writer is not None:
-                self._writer.add_scalar("leaderboard/best", event.best_score,
-                                        event.total_env_steps)
-                self._writer.add_scalar("leaderboard/best_vs_seconds", event.best_score,
-                                        int(now - self.started))
+            if self.trackers:
+                self._track(LEADERBOARD_RUN, {"best": event.best_score,
+                                              "checkpoints": event.checkpoints,
+                                              "seconds": now - self.started},
+                            event.total_env_steps)
         elif isinstance(event, Stop):
             self.stop_reason = event.reason
         if self._live is not None:
@@ -113,6 +114,16 @@ class Monitor:
         elif self.echo and now - self._last_print >= PRINT_S:
             self._last_print = now
             print(self.line(), flush=True)
+
+    def _track(self, run: str, values: dict[str, float], step: int) -> None:
+        for tracker in list(self.trackers):
+            try:
+                tracker.scalars(run, values, step)
+            except Exception as exc:  # tracking is a view: it never fails the run
+                log.warning("%s stopped: %s", type(tracker).__name__, exc)
+                self.trackers.remove(tracker)
+                with contextlib.suppress(Exception):
+                    tracker.close()
 
     def panel(self) -> Any:
         """The live panel: elapsed, best and target, checkpoints, pods, env-steps/s, top 3."""
@@ -158,12 +169,26 @@ class Monitor:
                 self.observe(event)
 
     def close(self) -> None:
-        """Stop the live panel and flush TensorBoard files (idempotent)."""
+        """Stop the live panel; give the trackers every stored checkpoint; close them
+        (idempotent)."""
         if self._live is not None:
             self._live.update(self.panel())
             self._live.stop()
             self._live = None
-        if self._writer is not None:
-            with contextlib.suppress(Exception):
-                self._writer.close()
-            self._writer = None
+        trackers, self.trackers = self.trackers, []
+        entries = self._stored() if trackers else []
+        for tracker in trackers:
+            try:
+                if entries:
+                    tracker.checkpoints(entries)
+            except Exception as exc:  # tracking is a view: it never fails the run
+                log.warning("%s: checkpoints not tracked: %s", type(tracker).__name__, exc)
+            finally:
+                with contextlib.suppress(Exception):
+                    tracker.close()
+
+    def _stored(self) -> list[Any]:
+        if self.out is None or not (self.out / DB_NAME).exists():
+            return []
+        with LeaderboardStore(self.out, create=False) as store:
+            return store.entries()

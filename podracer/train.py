@@ -111,7 +111,7 @@ def train(settings: Settings, out: Path, *, progress: bool = True,
           f"{console.target(exp)}; writing {out}", flush=True)
     sessions = run_dir.Sessions(out)
     sessions.open(where)
-    monitor = Monitor(exp, out / "tb", echo=progress)
+    monitor = Monitor(exp, out, echo=progress)
     if done is not None:
         resuming.continue_monitor(monitor, done)
     session = modes.Session()

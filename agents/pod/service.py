@@ -112,7 +112,8 @@ class Pod:
         self.running: asyncio.Future[Any] | None = None
         """The round (or probe) in the worker (it outlives a cancelled ``handle``: see
         ``main``)."""
-        self._progress: asyncio.Queue[Progress] = asyncio.Queue(maxsize=64)
+        self._progress: asyncio.Queue[tuple[Initialization, Progress]] = asyncio.Queue(
+            maxsize=64)
 
     # ---------------------------------------------------------------- one round
 
@@ -137,13 +138,13 @@ class Pod:
             if progress.seconds - last >= METRICS_EVERY_S:
                 last = progress.seconds
                 with contextlib.suppress(RuntimeError):  # loop closing: drop the report
-                    loop.call_soon_threadsafe(self._offer, progress)
+                    loop.call_soon_threadsafe(self._offer, chain.init, progress)
 
         return report
 
-    def _offer(self, progress: Progress) -> None:
+    def _offer(self, init: Initialization, progress: Progress) -> None:
         with contextlib.suppress(asyncio.QueueFull):
-            self._progress.put_nowait(progress)
+            self._progress.put_nowait((init, progress))
 
     def refusal(self, init: Initialization) -> str | None:
         """Why ``init`` is not this pod's to build, or ``None``.
@@ -314,7 +315,7 @@ class Pod:
     async def publish_metrics(self) -> None:
         """Forward training progress to ``metrics.<pod>`` (best effort)."""
         while True:
-            progress = await self._progress.get()
+            init, progress = await self._progress.get()
             values = {k: float(v) for k, v in progress.metrics.items()
                       if isinstance(v, int | float) and abs(float(v)) != float("inf")
                       and v == v}
@@ -322,7 +323,8 @@ class Pod:
             if progress.score is not None:
                 values["eval/mean"] = progress.score
             msg = Metrics(experiment=self.transport.topology.experiment, pod=self.ctx.name,
-                          values=values, env_steps=progress.env_steps)
+                          values=values, env_steps=progress.env_steps, init_id=init.id,
+                          algorithm=init.algorithm, parent_id=init.parent_id)
             try:
                 await self.transport.publish_event(f"metrics.{self.ctx.name}", msg)
             except BrokerError as exc:

@@ -154,6 +154,8 @@ class Experiment:
     ``row_bytes = 4 * (2 * obs_dim + act_dim + 1) + 5``."""
     pool_own_share: float = 0.5
     """Least share of a member's new data that is its own (``agents.pod.pool_link``)."""
+    tracking: tuple[str, ...] = ("tensorboard",)
+    """Where ``podracer train`` logs metrics and hyperparameters: any of ``TRACKERS``."""
 
     def overrides_for(self, algorithm: str) -> dict[str, Scalar]:
         """The pinned hyperparameters of ``algorithm`` (``num_envs`` included)."""
@@ -171,6 +173,7 @@ class Experiment:
             "eval_episodes": self.eval_episodes, "device": self.device, "seed": self.seed,
             "learners": self.learners, "experience_pool": self.experience_pool,
             "pool_mib": self.pool_mib, "pool_own_share": self.pool_own_share,
+            "tracking": list(self.tracking),
             "selection": {"name": self.selection.name, **self.selection.params},
             "population": dataclasses.asdict(self.population),
             "mutation": {"resample_p": self.mutation.resample_p,
@@ -332,6 +335,18 @@ def _learners(value: int) -> int:
     return value
 
 
+TRACKERS = ("tensorboard", "mlflow")
+"""The trackers ``tracking`` may name (``podracer.tracking``)."""
+
+
+def _tracking(value: Any) -> tuple[str, ...]:
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or any(n not in TRACKERS for n in names):
+        raise ConfigError("tracking", f"expected a list of {', '.join(TRACKERS)}, got {value!r}",
+                          'e.g. tracking = ["tensorboard", "mlflow"] (or [] for none)')
+    return tuple(dict.fromkeys(names))
+
+
 def _device(value: str) -> str:
     if value == "auto" or re.fullmatch(r"cpu|cuda(:\d+)?|mps", value):
         return value
@@ -373,6 +388,7 @@ def parse_experiment(data: Mapping[str, Any], check: Check | None = None) -> Exp
         experience_pool=top.boolean("experience_pool", True),
         pool_mib=top.required_integer("pool_mib", 256, 1),
         pool_own_share=top.number("pool_own_share", 0.5, 0.0, 1.0, positive=True) or 0.5,
+        tracking=_tracking(top.raw("tracking", ["tensorboard"])),
     )
     top.finish()
     if check is not None:

@@ -180,7 +180,12 @@ class Metrics(Message):
     pod: Token
     values: dict[str, float]
     init_id: Token | None = None
+    """The round (initialization) these metrics are of."""
     env_steps: Count = 0
+    """Env steps of the round so far."""
+    algorithm: str = ""
+    parent_id: Token | None = None
+    """The checkpoint the round continues (``<init>`` or ``<init>.<k>``): its lineage."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

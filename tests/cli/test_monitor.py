@@ -46,7 +46,7 @@ def test_without_the_viz_extra_one_line_says_what_is_left_out(
         tmp_path: Any, monkeypatch: Any, capsys: Any) -> None:
     for module in ("rich", "tensorboard"):
         monkeypatch.setitem(sys.modules, module, None)  # what an import finds uninstalled
-    monitor = Monitor(EXP, tmp_path / "tb", echo=True, live=True)
+    monitor = Monitor(EXP, tmp_path, echo=True, live=True)
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1 and "no the live panel" not in lines[0], lines
     assert "live panel" in lines[0] and "TensorBoard" in lines[0]

@@ -142,3 +142,76 @@ def test_without_matplotlib_the_run_ends_well_and_says_how_to_get_the_charts(
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1 and "pip install 'podracer[viz]'" in lines[0], lines
     assert f"podracer report --store {tmp_path}" in lines[0]
+
+
+def test_the_tournament_has_an_env_steps_view_a_spread_and_coloured_legend(
+        tmp_path: Path) -> None:
+    from matplotlib.collections import PathCollection, PolyCollection
+    from matplotlib.colors import to_rgba
+    from matplotlib.lines import Line2D
+
+    from podracer.charts import tournament_figure
+
+    _tournament(tmp_path)
+    with LeaderboardStore(tmp_path) as store:
+        entries = store.entries()
+    fig = tournament_figure(entries, run_start(entries), target=-100.0)
+    by_time, by_steps = fig.axes
+    assert "seconds" in by_time.get_xlabel() and "env steps" in by_steps.get_xlabel()
+    # the env-steps view puts each checkpoint at the steps spent when it came: a0, b0, a1
+    dots = [tuple(map(tuple, c.get_offsets())) for c in by_steps.collections
+            if isinstance(c, PathCollection)]
+    xs = sorted(x for series in dots for x, _ in series)
+    assert xs == [1000.0, 3000.0, 4100.0], xs
+    # the spread: a band around the best line and error bars of the rises (std 1.0)
+    assert any(isinstance(c, PolyCollection) for c in by_time.collections)
+    bars = [c for c in by_time.collections if c.__class__.__name__ == "LineCollection"]
+    assert bars and any(abs(seg[1][1] - seg[0][1] - 2.0) < 1e-6
+                        for c in bars for seg in c.get_segments())
+    # legend samples in the series' colours, none grey
+    legend = by_time.get_legend()
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert "parent → child" in labels and "evaluations within a round" in labels
+    samples = {to_rgba(line.get_color())[:3] for line in legend.findobj(Line2D)
+               if line.get_xydata().size}
+    assert {to_rgba("tab:blue")[:3], to_rgba("tab:orange")[:3]} <= samples, samples
+    greys = {c for c in samples if c[0] == c[1] == c[2] and c != (0.0, 0.0, 0.0)}
+    assert not greys, greys  # black is the best line's own colour
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_throughput_gives_each_algorithm_its_scale_and_whole_pods(tmp_path: Path) -> None:
+    from podracer.charts import throughput_figure
+
+    # a fast algorithm next to a slow one, overlapping: 100k steps/s and 100 steps/s
+    with LeaderboardStore(tmp_path) as store:
+        entries = [_put(store, "A", "ppo", 0.0, end=10, seconds=10, steps=1_000_000),
+                   _put(store, "B", "sac", 0.0, end=13, seconds=8, steps=800, pod="pod-2"),
+                   _put(store, "C", "ppo", 0.0, end=21, seconds=10, steps=1_000_000)]
+    fig = throughput_figure(entries, run_start(entries))
+    *rates, pods = fig.axes
+    assert [ax.get_ylabel().split()[0] for ax in rates] == ["ppo", "sac"]
+    # each on its own scale: SAC's 100 steps/s fills its panel
+    assert rates[0].get_ylim()[1] > 50_000 and 100 < rates[1].get_ylim()[1] < 1000
+    heights = [y for poly in pods.collections for path in poly.get_paths()
+               for _, y in path.vertices]
+    assert heights and all(float(y).is_integer() for y in heights), sorted(set(heights))
+    assert max(heights) == 2
+    assert all(float(t).is_integer() for t in pods.get_yticks())
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_pods_series_counts_whole_pods(tmp_path: Path) -> None:
+    from podracer.chart_data import pods_series
+
+    # one pod's rounds back to back inside one cell: still one pod, never 4/3
+    with LeaderboardStore(tmp_path) as store:
+        entries = [_put(store, "A", "ppo", 0.0, end=110, seconds=10, steps=1000),
+                   _put(store, "B", "ppo", 0.0, end=115, seconds=5, steps=1000),
+                   _put(store, "C", "sac", 0.0, end=115, seconds=10, steps=1000, pod="pod-2")]
+    assert pods_series(entries, T0 + 100, T0 + 115, points=3)[1] == [1, 2, 2]
+    assert pods_series([entries[0], entries[1]], T0 + 100, T0 + 115, points=2)[1] == [1, 1]

@@ -1,0 +1,166 @@
+"""What the charts are drawn from: the rounds of a store's checkpoints, their throughput
+and pods over time, the leaderboard's best, and the colours of the algorithms.
+
+A round is the checkpoints of one initialization (``init_id``): a long round's
+intermediate bests (``<init>.<k>``) each hold the steps and seconds since the one before,
+and the round's own checkpoint (id ``init_id``) the rest, with the round's eval curve.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from broker.core.extras import require
+from leaderboard.store import Entry
+
+PALETTE = {"ppo": "tab:blue", "sac": "tab:orange", "td3": "tab:green", "ddpg": "tab:purple",
+           "dqn": "tab:brown"}
+"""Podracer's algorithms keep their colour from chart to chart and run to run."""
+_SPARE = ("tab:pink", "tab:olive", "tab:cyan", "tab:gray")
+TARGET_COLOUR = "crimson"
+
+
+@dataclasses.dataclass(frozen=True)
+class Round:
+    """One round of training: the checkpoints of one initialization, as one time span."""
+
+    init_id: str
+    algorithm: str
+    start: float
+    """Epoch seconds: the end less the seconds of all its checkpoints."""
+    end: float
+    """Epoch seconds: when its last checkpoint was made."""
+    env_steps: int
+    curve: list[tuple[float, float, int]]
+    """(seconds since ``start``, eval mean, env steps) of its in-round evaluations."""
+
+
+def rounds(entries: list[Entry]) -> list[Round]:
+    """The rounds of ``entries``, earliest start first."""
+    groups: dict[str, list[Entry]] = {}
+    for entry in entries:
+        groups.setdefault(entry.init_id, []).append(entry)
+    found = []
+    for init_id, group in groups.items():
+        end = max(e.created for e in group)
+        own = next((e for e in group if e.id == init_id), group[-1])
+        found.append(Round(init_id, own.algorithm, end - sum(e.wall_time for e in group), end,
+                           sum(e.env_steps for e in group), own.curve))
+    return sorted(found, key=lambda r: r.start)
+
+
+def run_start(entries: list[Entry]) -> float:
+    """When the run started, as the store tells it: the start of its earliest round."""
+    return min(r.start for r in rounds(entries))
+
+
+def end_of(entries: list[Entry]) -> float:
+    """When the last round of ``entries`` ended (epoch seconds)."""
+    return max(r.end for r in rounds(entries))
+
+
+def throughput_series(entries: list[Entry], start: float, points: int = 200,
+                      end: float | None = None) -> tuple[list[float], list[float], list[float]]:
+    """Env steps per second and pods (rounds training at once) on ``points`` equal cells.
+
+    The cells cover ``start`` to ``end`` (epoch seconds; default: the last round's end). A
+    round contributes ``env_steps / seconds`` over its span; each value is the mean over
+    its cell, so the steps add up however the rounds fall on the grid. Returns (cell
+    centres in seconds since ``start``, steps per second, pods); empty lists when the
+    cells would have no width.
+    """
+    spans = [r for r in rounds(entries) if r.end > r.start]
+    stop = max((r.end for r in spans), default=start) if end is None else end
+    width = (stop - start) / points
+    times: list[float] = []
+    rates: list[float] = []
+    pods: list[float] = []
+    if width <= 0:
+        return times, rates, pods
+    for i in range(points):
+        lo, hi = start + i * width, start + (i + 1) * width
+        steps = running = 0.0
+        for r in spans:
+            overlap = min(hi, r.end) - max(lo, r.start)
+            if overlap > 0:
+                steps += r.env_steps * overlap / (r.end - r.start)
+                running += overlap
+        times.append((i + 0.5) * width)
+        rates.append(steps / width)
+        pods.append(running / width)
+    return times, rates, pods
+
+
+def colours(algorithms: list[str]) -> dict[str, str]:
+    """A distinct colour for each algorithm."""
+    others = [a for a in algorithms if a not in PALETTE]
+    return {a: PALETTE.get(a) or _SPARE[others.index(a) % len(_SPARE)] for a in algorithms}
+
+
+def best_rises(entries: list[Entry]) -> list[Entry]:
+    """The checkpoints that raised the leaderboard's best, in the order they came."""
+    rises: list[Entry] = []
+    for entry in sorted(entries, key=lambda e: e.created):
+        if not rises or entry.score_mean > rises[-1].score_mean:
+            rises.append(entry)
+    return rises
+
+
+def best_so_far(entries: list[Entry], start: float) -> tuple[list[float], list[float]]:
+    """The leaderboard's best as it rose: (seconds since ``start``, score) at each rise."""
+    rises = best_rises(entries)
+    return [e.created - start for e in rises], [e.score_mean for e in rises]
+
+
+def steps_so_far(entries: list[Entry]) -> dict[str, int]:
+    """Checkpoint id -> the env steps of every checkpoint made up to it (itself too): the
+    run's spend when it came, the x of the charts' env-steps view."""
+    total = 0
+    spent: dict[str, int] = {}
+    for entry in sorted(entries, key=lambda e: e.created):
+        total += entry.env_steps
+        spent[entry.id] = total
+    return spent
+
+
+def pods_series(entries: list[Entry], start: float, end: float,
+                points: int = 200) -> tuple[list[float], list[int]]:
+    """Whole pods training at once: the most rounds running together in each of ``points``
+    equal cells from ``start`` to ``end`` (cell centres in seconds since ``start``, pods).
+    A cell where one round follows another on the same pod counts that pod once."""
+    spans = [r for r in rounds(entries) if r.end > r.start]
+    width = (end - start) / points
+    if width <= 0:
+        return [], []
+    times: list[float] = []
+    pods: list[int] = []
+    for i in range(points):
+        lo, hi = start + i * width, start + (i + 1) * width
+        # the count only rises where a round starts, so the cell's most is at one of these
+        marks = [lo] + [r.start for r in spans if lo < r.start < hi]
+        pods.append(max(sum(1 for r in spans if r.start <= m < r.end and r.end > lo)
+                        for m in marks))
+        times.append((i + 0.5) * width)
+    return times, pods
+
+
+def best_entry(entries: list[Entry]) -> Entry:
+    """The leaderboard's best (ties to the earlier created, as the store ranks)."""
+    return max(entries, key=lambda e: (e.score_mean, -e.created))
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 round``, ``2 rounds``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` drawing to files (Agg); ``MissingExtra`` names the extra."""
+    matplotlib = require("matplotlib", extra="viz", purpose="the charts")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
