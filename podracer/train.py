@@ -81,8 +81,17 @@ def train(settings: Settings, out: Path, *, progress: bool = True,
     yet (``ConfigError`` naming ``--resume`` and ``--fresh``). ``registry`` and
     ``strategies`` are the algorithms and selection strategies of the embedded
     services (default: Podracer's own); broker mode's services build theirs."""
-    # 1. the run directory
+    # 1. the run directory, held for the session: `--fresh` or a second train on it
+    # refuses while this one lives
     run_dir.check(out, resume)
+    with run_dir.holding(out):
+        return _train(settings, out, progress=progress, registry=registry,
+                      strategies=strategies, resume=resume, queue_expiry_s=queue_expiry_s)
+
+
+def _train(settings: Settings, out: Path, *, progress: bool,
+           registry: AlgorithmRegistry | None, strategies: SelectionRegistry | None,
+           resume: bool, queue_expiry_s: float) -> TrainResult:
     settings = dataclasses.replace(fit_to_machine(settings), store=out)
     exp = settings.experiment
     embedded = settings.broker.startswith("memory")
