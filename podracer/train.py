@@ -26,6 +26,7 @@ from broker.core.schemas import Budget
 from broker.core.settings import Settings, write_experiment
 from broker.transports.base import redact
 from leaderboard.selection import SelectionRegistry
+from orchestrator import clock as run_clock
 from orchestrator.probes import machine_pods
 from podracer import console, modes, run_dir
 from podracer import resume as resuming
@@ -120,6 +121,7 @@ def _train(settings: Settings, out: Path, *, progress: bool,
           f"{console.target(exp)}; writing {out}", flush=True)
     sessions = run_dir.Sessions(out)
     sessions.open(where)
+    run_clock.reset(out)  # this session's budget is what is left: its clock starts at 0
     monitor = Monitor(exp, out / "tb", echo=progress)
     if done is not None:
         resuming.continue_monitor(monitor, done)
