@@ -319,7 +319,7 @@ class AmqpTransport:
         except BROKER_ERRORS as exc:
             log.warning("could not dead-letter message %s (%s); it goes back to %s",
                         raw.message_id, exc or type(exc).__name__, short)
-            await raw.nack(requeue=True)
+            await raw.reject(requeue=True)  # counted by the queue on every version
             return
         await raw.ack()
 

@@ -38,8 +38,14 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, Abstrac
 from broker.core.errors import ConnectionClosed, MessageError
 from broker.core.messages import CLAIM_CONTENT_TYPE, claim_of
 from broker.core.schemas import Message
-from broker.core.topology import WORK_QUEUES, Topology
-from broker.transports.base import BROKER_DEATH_HEADERS, Delivery, dead_letter_headers
+from broker.core.topology import DELIVERY_LIMIT, WORK_QUEUES, Topology
+from broker.transports.base import (
+    BROKER_DEATH_HEADERS,
+    Delivery,
+    broker_returns,
+    dead_letter_headers,
+    limit_reason,
+)
 from broker.transports.wire import EventDrops, decode
 
 if TYPE_CHECKING:
@@ -108,8 +114,22 @@ class AmqpDelivery(Generic[M]):
                 self._blobs.delete(claim_of(self._raw.body).sha256)
 
     async def nack(self, requeue: bool = True) -> None:
-        """Put the message back (``requeue=False``: dead-letter it)."""
-        await self._settle("nack", lambda: self._raw.nack(requeue=requeue))
+        """Put the message back (``requeue=False``: dead-letter it); past
+        ``DELIVERY_LIMIT`` returns, dead-letter it with our reason (see
+        ``broker.transports.base.broker_returns`` for why we count)."""
+        if not requeue:
+            await self._settle("nack", lambda: self._raw.nack(requeue=False))
+            return
+        returns = broker_returns(self._raw.headers) + 1
+        if returns > DELIVERY_LIMIT and self._dead_letter is not None:
+            dead_letter, reason = self._dead_letter, limit_reason(returns, DELIVERY_LIMIT)
+            log.warning("dead-lettered message %s from %s: %s", self._message.id,
+                        self._queue, reason)
+            await self._settle("nack", lambda: dead_letter(self._raw, reason))
+            return
+        # basic.reject, not basic.nack: on RabbitMQ 4.3 only it advances delivery-count,
+        # so the queue's own limit stays a backstop there too
+        await self._settle("nack", lambda: self._raw.reject(requeue=True))
 
     async def reject(self, reason: str) -> None:
         """Dead-letter the message and log ``reason`` once."""
