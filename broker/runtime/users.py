@@ -48,10 +48,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from broker.core.errors import BrokerError, ConfigError
-from broker.core.topology import Topology
+from broker.core.topology import ROLES, Topology
 from broker.runtime.lifecycle import Management
 
-ROLES = ("pod", "generator", "updater", "orchestrator", "operator")
 _NOTHING = "^$"
 
 

@@ -35,7 +35,7 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
 
-from broker.core.errors import ConnectionClosed, MessageError
+from broker.core.errors import AuthenticationError, ConnectionClosed, MessageError
 from broker.core.messages import CLAIM_CONTENT_TYPE, claim_of
 from broker.core.schemas import Message
 from broker.core.topology import DELIVERY_LIMIT, WORK_QUEUES, Topology
@@ -46,6 +46,7 @@ from broker.transports.base import (
     dead_letter_headers,
     limit_reason,
 )
+from broker.transports.senders import impersonation
 from broker.transports.wire import EventDrops, decode
 
 if TYPE_CHECKING:
@@ -190,13 +191,14 @@ class AmqpEvents:
     """Async iterator over a subscription; undecodable events are dropped (logged)."""
 
     def __init__(self, inbox: asyncio.Queue[InboxItem], blobs: BlobStore | None,
-                 experiment: str, key: MessageKey | None = None,
-                 drops: EventDrops | None = None) -> None:
+                 topology: Topology, key: MessageKey | None = None,
+                 drops: EventDrops | None = None, own_role: str | None = None) -> None:
         self._inbox = inbox
         self._blobs = blobs
-        self._experiment = experiment
+        self._topology = topology
         self._key = key
         self._drops = drops if drops is not None else EventDrops()
+        self._own_role = own_role
 
     def __aiter__(self) -> AmqpEvents:
         return self
@@ -205,9 +207,15 @@ class AmqpEvents:
         while True:
             raw = await take(self._inbox)
             try:
-                return await decode(raw.body, raw.content_type, blobs=self._blobs,
-                                    experiment=self._experiment, key=self._key,
-                                    headers=raw.headers)
+                msg = await decode(raw.body, raw.content_type, blobs=self._blobs,
+                                   experiment=self._topology.experiment, key=self._key,
+                                   headers=raw.headers)
+                # the sender RabbitMQ vouches for must be able to claim what msg claims
+                forged = impersonation(msg, raw.routing_key or "", raw.user_id,
+                                       self._topology, own_role=self._own_role)
+                if forged is None:
+                    return msg
+                raise AuthenticationError(f"impersonation: {forged}")
             except MessageError as exc:
                 self._drops.count(log, raw.message_id or "?", raw.routing_key, exc)
 
