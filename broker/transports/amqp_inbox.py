@@ -207,9 +207,9 @@ class AmqpEvents:
         while True:
             raw = await take(self._inbox)
             try:
-                msg = await decode(raw.body, raw.content_type, blobs=self._blobs,
-                                   experiment=self._topology.experiment, key=self._key,
-                                   headers=raw.headers)
+                msg: Message = await decode(raw.body, raw.content_type, blobs=self._blobs,
+                                            experiment=self._topology.experiment,
+                                            key=self._key, headers=raw.headers)
                 # the sender RabbitMQ vouches for must be able to claim what msg claims
                 forged = impersonation(msg, raw.routing_key or "", raw.user_id,
                                        self._topology, own_role=self._own_role)
