@@ -92,3 +92,26 @@ def test_the_sender_rules() -> None:
     # without role users (guest everywhere) only the key is checked
     assert impersonation(beat, "heartbeat.updater-1", "guest", topology, own_role=None) is None
     assert impersonation(beat, "heartbeat.pod-1", None, topology, own_role=None)
+
+
+@pytest.mark.rabbitmq
+async def test_the_operator_requeues_a_dead_letter_someone_else_sent(
+        urls: dict[str, str], amqp_url: str, experiment: str) -> None:
+    """A dead letter RabbitMQ itself made (a consumer died too often) keeps its sender's
+    ``user_id``; sent back by the operator's user it must not carry it (RabbitMQ would
+    refuse the publish)."""
+    from broker.runtime.lifecycle import BrokerAdmin
+
+    topology = Topology(experiment)
+    async with connect(amqp_url, experiment=experiment) as guest:
+        connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+        try:  # as the broker leaves it: the original properties, user_id included
+            channel = connection.channel()
+            channel.confirm_delivery()
+            channel.basic_publish("", topology.dead("generator"), b"round", pika.BasicProperties(
+                user_id="guest", message_id=uuid.uuid4().hex, type="initialization"))
+        finally:
+            connection.close()
+        with BrokerAdmin(urls["operator"], experiment) as admin:
+            assert admin.requeue("generator") == 1
+        assert (await guest.queue_depth("generator"))[0] == 1
