@@ -65,6 +65,7 @@ from envs.registry import make_env
 from envs.spaces import spaces_of
 from leaderboard.claims import ClaimCheck
 from leaderboard.contract import StateContract
+from leaderboard.janitor import SWEEP_EVERY_S, release_refused, sweep_orphans
 from leaderboard.store import LeaderboardStore, Retention
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,9 @@ class Updater:
         self.stored = 0
         self.health = Health(ctx.name, "checkpoints", STORE_BACKOFF)
         """Down (with its reason) after a fault of this node: no checkpoints until a probe."""
+        self.swept_at = time.monotonic()
+        """When orphan blobs were last swept (``leaderboard.janitor``): the first sweep
+        comes a while after start, once a backlog left by an absence is consumed."""
 
     def status(self) -> str:
         """The heartbeat's status: why this node takes no checkpoints, if it does not."""
@@ -206,6 +210,8 @@ class Updater:
                 raise Faulted(verdict) from None  # ``settle`` retries or hands it back
             log.debug("traceback", exc_info=True)
             await delivery.reject(f"invalid checkpoint {checkpoint.id}: {verdict.reason}")
+            # its state blob would stay on disk for good (leaderboard.janitor)
+            await asyncio.to_thread(release_refused, self.store, checkpoint)
             return
         await delivery.ack()
         if not new:
@@ -267,6 +273,7 @@ class Updater:
                         backoff.reset()
                         if not await self.settle(delivery):
                             break  # stopping while the store is down, or this node is
+                        await self.sweep()
                 if self.health.down is None:
                     return
             except StoreUnavailable as exc:
@@ -278,6 +285,25 @@ class Updater:
                 continue
             if not await self.health.recover(self.ctx, self._probe):
                 return
+
+    async def sweep(self, every_s: float = SWEEP_EVERY_S) -> int:
+        """Delete old orphan blobs (``leaderboard.janitor``) at most every ``every_s``,
+        and only while no checkpoint waits in the queue; how many."""
+        if time.monotonic() - self.swept_at < every_s:
+            return 0
+        try:
+            waiting, _ = await self.transport.queue_depth("updater")
+        except BrokerError as exc:
+            log.warning("janitor: queue depth unavailable (%s); sweep later", exc)
+            return 0
+        if waiting:
+            return 0
+        self.swept_at = time.monotonic()
+        try:
+            return await asyncio.to_thread(sweep_orphans, self.store)
+        except PodracerError as exc:  # the store away: the next sweep tries again
+            log.warning("janitor: sweep skipped: %s", exc)
+            return 0
 
     async def _probe(self) -> None:
         await asyncio.to_thread(self.validator.ready)

@@ -30,6 +30,7 @@ from broker.runtime.control import watch_stop
 from broker.runtime.service import ServiceContext
 from broker.transports.base import Transport
 from broker.transports.connect import Connector
+from orchestrator.clock import RunClock
 from orchestrator.policy import QueueStats, ScalingDecider, ScalingPolicy, StopCondition
 from orchestrator.probes import NodeProbe, Probe, machine_pods
 from orchestrator.scalers import Scaler
@@ -89,7 +90,8 @@ class Orchestrator:
         self.poll_s = poll_s
         self.stop_condition = StopCondition.from_experiment(ctx.settings.experiment)
         self.progress = Progress()
-        self.started = time.monotonic()
+        self.clock = RunClock(ctx.settings.store, ctx.settings.experiment.name)
+        """The run's elapsed time, kept across restarts of the orchestrator."""
         self.stop_reason: str | None = None
         self.changed = asyncio.Event()
         """Set by ``follow_leaderboard``: the next poll comes at once."""
@@ -145,7 +147,7 @@ class Orchestrator:
         first = True
         next_step = time.monotonic()
         while not self.ctx.stopping.is_set():
-            elapsed = time.monotonic() - self.started
+            elapsed = self.clock.elapsed()
             reason = self.stop_condition.check(self.progress.best_score, elapsed,
                                                self.progress.env_steps)
             if reason is not None:
@@ -155,6 +157,7 @@ class Orchestrator:
                                           reason=reason), "control.stop")
                 return
             if time.monotonic() >= next_step:
+                self.clock.save()
                 await self.step(first)
                 first = False
                 next_step = time.monotonic() + self.poll_s

@@ -203,6 +203,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.fresh and has_run(out):
         import shutil
 
+        from podracer.run_dir import refuse_if_live
+
+        refuse_if_live(out, "--fresh")  # a run still training is not deleted under it
         print(f"podracer: --fresh: deleting the earlier run in {out}", flush=True)
         shutil.rmtree(out)
     log_to_file(out / "logs" / "train.log", logging.INFO if args.verbose else logging.WARNING)

@@ -9,10 +9,13 @@ yet; a resumed one, a directory that does (``check``).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +139,48 @@ class Sessions:
         """When the run's first session started (wall clock), ``default`` for a new run."""
         first = self.earlier[0].get("started") if self.earlier else None
         return float(first) if isinstance(first, int | float) else default
+
+
+LOCK_FILE = ".train.lock"
+"""Held (``flock``) by the ``podracer train`` writing the run, with its pid inside: the
+kernel drops the lock when that process ends however it ends, so a stale file never
+blocks."""
+
+
+@contextlib.contextmanager
+def holding(out: Path) -> Iterator[None]:
+    """Hold ``out``'s run lock for the block (``ConfigError`` if a live train holds it)."""
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _live(out, fd) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def refuse_if_live(out: Path, flag: str) -> None:
+    """``ConfigError`` naming ``flag`` if a running train holds ``out``'s run lock."""
+    try:
+        fd = os.open(out / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _live(out, fd, flag) from None
+    finally:
+        os.close(fd)
+
+
+def _live(out: Path, fd: int, flag: str = "--out") -> ConfigError:
+    pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+    return ConfigError(flag, f"{out} is the run of a `podracer train` still running "
+                       f"(pid {pid})", "stop that train first (Ctrl-C), or write another "
+                       "directory with --out")

@@ -26,6 +26,7 @@ from broker.core.schemas import Budget
 from broker.core.settings import Settings, write_experiment
 from broker.transports.base import redact
 from leaderboard.selection import SelectionRegistry
+from orchestrator import clock as run_clock
 from orchestrator.probes import machine_pods
 from podracer import console, modes, run_dir
 from podracer import resume as resuming
@@ -81,8 +82,17 @@ def train(settings: Settings, out: Path, *, progress: bool = True,
     yet (``ConfigError`` naming ``--resume`` and ``--fresh``). ``registry`` and
     ``strategies`` are the algorithms and selection strategies of the embedded
     services (default: Podracer's own); broker mode's services build theirs."""
-    # 1. the run directory
+    # 1. the run directory, held for the session: `--fresh` or a second train on it
+    # refuses while this one lives
     run_dir.check(out, resume)
+    with run_dir.holding(out):
+        return _train(settings, out, progress=progress, registry=registry,
+                      strategies=strategies, resume=resume, queue_expiry_s=queue_expiry_s)
+
+
+def _train(settings: Settings, out: Path, *, progress: bool,
+           registry: AlgorithmRegistry | None, strategies: SelectionRegistry | None,
+           resume: bool, queue_expiry_s: float) -> TrainResult:
     settings = dataclasses.replace(fit_to_machine(settings), store=out)
     exp = settings.experiment
     embedded = settings.broker.startswith("memory")
@@ -111,6 +121,7 @@ def train(settings: Settings, out: Path, *, progress: bool = True,
           f"{console.target(exp)}; writing {out}", flush=True)
     sessions = run_dir.Sessions(out)
     sessions.open(where)
+    run_clock.reset(out)  # this session's budget is what is left: its clock starts at 0
     monitor = Monitor(exp, out, echo=progress)
     if done is not None:
         resuming.continue_monitor(monitor, done)

@@ -56,6 +56,10 @@ EXPERIMENT_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DELIVERY_LIMIT = 20
 """Redeliveries before a quorum queue dead-letters a message (poison-message guard)."""
 
+ROLES: tuple[str, ...] = ("pod", "generator", "updater", "orchestrator", "operator")
+"""The roles of an experiment, each with its own RabbitMQ user ``podracer-<exp>-<role>``
+(``broker.runtime.users``)."""
+
 WORK_QUEUES: tuple[str, ...] = ("generator", "updater")
 """Short names of the work queues (the only queues ``publish`` accepts)."""
 

@@ -258,6 +258,8 @@ class BrokerAdmin(SyncClient):
                 headers = {k: v for k, v in (props.headers or {}).items()
                            if k not in _OURS and k not in BROKER_DEATH_HEADERS}
                 props.headers = headers or None
+                # RabbitMQ refuses a user_id other than ours: the original sender's goes
+                props.user_id = None
                 # confirm channel: returns once the broker has the copy, raises otherwise
                 channel.basic_publish("", target, body, props, mandatory=True)
                 channel.basic_ack(method.delivery_tag)

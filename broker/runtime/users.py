@@ -32,9 +32,11 @@ operator       everything of the experiment,     publishes ``control.*``; reads 
 
 "Owns" means may create (configure) it, consume it and bind it; the events, ``dlx``
 and ``work`` exchanges may be created by generator, updater, orchestrator and
-operator. Nobody but the operator can delete another role's queue. Limits: every pod
-shares the ``pod`` user, so a pod can send heartbeats under another pod's name (not a
-service's); a pod's name must start with ``pod-`` (the default and what the scalers
+operator. Nobody but the operator can delete another role's queue. Every message
+carries its sender's ``user_id``, which RabbitMQ checks against the login and
+subscribers check against the event's claims (``broker.transports.senders``). Limits:
+every pod shares the ``pod`` user, so a pod can send heartbeats under another pod's
+name (not a service's); a pod's name must start with ``pod-`` (the default and what the scalers
 give). A role's user can send dead letters to either dead-letter queue (``dlx`` is a
 direct exchange); nothing reads those automatically.
 """
@@ -48,10 +50,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from broker.core.errors import BrokerError, ConfigError
-from broker.core.topology import Topology
+from broker.core.topology import ROLES, Topology
 from broker.runtime.lifecycle import Management
 
-ROLES = ("pod", "generator", "updater", "orchestrator", "operator")
 _NOTHING = "^$"
 
 

@@ -94,6 +94,7 @@ from broker.transports.base import (
     redact,
     service_label,
 )
+from broker.transports.senders import login_user, role_of
 from broker.transports.tls import ssl_context_from_env
 from broker.transports.urls import amqp_addresses
 from broker.transports.wire import EventDrops, encode
@@ -127,6 +128,9 @@ class AmqpTransport:
             raise ConfigError("publish_tries", f"must be >= 1, got {publish_tries}", "use 5")
         self._url = url
         self._addresses = amqp_addresses(url)
+        self._user = login_user(url)
+        """Our ``user_id`` on every message (RabbitMQ checks it is our login, so a
+        receiver knows the sender: ``broker.transports.senders``)."""
         self.connect_timeout = connect_timeout
         self._topology = Topology(experiment)
         self.blobs = blobs
@@ -226,7 +230,7 @@ class AmqpTransport:
         outgoing = aio_pika.Message(
             body, content_type=content_type, headers=dict(headers),
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            message_id=msg.id, type=msg.KIND, app_id="podracer",
+            message_id=msg.id, type=msg.KIND, app_id="podracer", user_id=self._user,
             timestamp=datetime.datetime.fromtimestamp(msg.created, tz=datetime.UTC),
         )
         last: BaseException | None = None
@@ -319,7 +323,7 @@ class AmqpTransport:
         except BROKER_ERRORS as exc:
             log.warning("could not dead-letter message %s (%s); it goes back to %s",
                         raw.message_id, exc or type(exc).__name__, short)
-            await raw.nack(requeue=True)
+            await raw.reject(requeue=True)  # counted by the queue on every version
             return
         await raw.ack()
 
@@ -364,8 +368,8 @@ class AmqpTransport:
             raise ConnectionClosed(f"cannot subscribe: {exc or type(exc).__name__}") from None
         self._inboxes.add(inbox)
         try:
-            yield AmqpEvents(inbox, self.blobs, self._topology.experiment, self.key,
-                             self.event_drops)
+            yield AmqpEvents(inbox, self.blobs, self._topology, self.key, self.event_drops,
+                             own_role=role_of(self._user, self._topology))
         finally:
             self._inboxes.discard(inbox)
             with suppress(*BROKER_ERRORS):

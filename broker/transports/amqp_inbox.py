@@ -35,11 +35,18 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
 
-from broker.core.errors import ConnectionClosed, MessageError
+from broker.core.errors import AuthenticationError, ConnectionClosed, MessageError
 from broker.core.messages import CLAIM_CONTENT_TYPE, claim_of
 from broker.core.schemas import Message
-from broker.core.topology import WORK_QUEUES, Topology
-from broker.transports.base import BROKER_DEATH_HEADERS, Delivery, dead_letter_headers
+from broker.core.topology import DELIVERY_LIMIT, WORK_QUEUES, Topology
+from broker.transports.base import (
+    BROKER_DEATH_HEADERS,
+    Delivery,
+    broker_returns,
+    dead_letter_headers,
+    limit_reason,
+)
+from broker.transports.senders import impersonation
 from broker.transports.wire import EventDrops, decode
 
 if TYPE_CHECKING:
@@ -108,8 +115,22 @@ class AmqpDelivery(Generic[M]):
                 self._blobs.delete(claim_of(self._raw.body).sha256)
 
     async def nack(self, requeue: bool = True) -> None:
-        """Put the message back (``requeue=False``: dead-letter it)."""
-        await self._settle("nack", lambda: self._raw.nack(requeue=requeue))
+        """Put the message back (``requeue=False``: dead-letter it); past
+        ``DELIVERY_LIMIT`` returns, dead-letter it with our reason (see
+        ``broker.transports.base.broker_returns`` for why we count)."""
+        if not requeue:
+            await self._settle("nack", lambda: self._raw.nack(requeue=False))
+            return
+        returns = broker_returns(self._raw.headers) + 1
+        if returns > DELIVERY_LIMIT and self._dead_letter is not None:
+            dead_letter, reason = self._dead_letter, limit_reason(returns, DELIVERY_LIMIT)
+            log.warning("dead-lettered message %s from %s: %s", self._message.id,
+                        self._queue, reason)
+            await self._settle("nack", lambda: dead_letter(self._raw, reason))
+            return
+        # basic.reject, not basic.nack: on RabbitMQ 4.3 only it advances delivery-count,
+        # so the queue's own limit stays a backstop there too
+        await self._settle("nack", lambda: self._raw.reject(requeue=True))
 
     async def reject(self, reason: str) -> None:
         """Dead-letter the message and log ``reason`` once."""
@@ -170,13 +191,14 @@ class AmqpEvents:
     """Async iterator over a subscription; undecodable events are dropped (logged)."""
 
     def __init__(self, inbox: asyncio.Queue[InboxItem], blobs: BlobStore | None,
-                 experiment: str, key: MessageKey | None = None,
-                 drops: EventDrops | None = None) -> None:
+                 topology: Topology, key: MessageKey | None = None,
+                 drops: EventDrops | None = None, own_role: str | None = None) -> None:
         self._inbox = inbox
         self._blobs = blobs
-        self._experiment = experiment
+        self._topology = topology
         self._key = key
         self._drops = drops if drops is not None else EventDrops()
+        self._own_role = own_role
 
     def __aiter__(self) -> AmqpEvents:
         return self
@@ -185,9 +207,15 @@ class AmqpEvents:
         while True:
             raw = await take(self._inbox)
             try:
-                return await decode(raw.body, raw.content_type, blobs=self._blobs,
-                                    experiment=self._experiment, key=self._key,
-                                    headers=raw.headers)
+                msg: Message = await decode(raw.body, raw.content_type, blobs=self._blobs,
+                                            experiment=self._topology.experiment,
+                                            key=self._key, headers=raw.headers)
+                # the sender RabbitMQ vouches for must be able to claim what msg claims
+                forged = impersonation(msg, raw.routing_key or "", raw.user_id,
+                                       self._topology, own_role=self._own_role)
+                if forged is None:
+                    return msg
+                raise AuthenticationError(f"impersonation: {forged}")
             except MessageError as exc:
                 self._drops.count(log, raw.message_id or "?", raw.routing_key, exc)
 

@@ -135,6 +135,40 @@ def dead_letter_headers(service: str, reason: str, queue: str,
             HEADER_TIME: when.isoformat(timespec="seconds").replace("+00:00", "Z")}
 
 
+# The poison guard is ours (issue 22). A quorum queue's ``x-delivery-limit`` used to
+# count every return; from RabbitMQ 4.3 the limit counts ``delivery-count``, which an
+# AMQP 0-9-1 ``basic.nack(requeue=True)`` no longer advances (only ``basic.reject``
+# with requeue, a channel closed or a consumer gone do), and every acquisition is
+# counted apart in ``x-acquired-count``: rabbitmq-server#15387, the quorum-queue docs
+# "Starting with RabbitMQ 4.3, the delivery limit is based on delivery-count rather
+# than acquired-count" (rabbitmq-website#2508), rabbitmq-server discussion #18226 and
+# https://www.rabbitmq.com/blog/2026/04/23/rabbitmq-4.3-release#unlimited-returns.
+# So whether a requeue counts would depend on the server. Instead the transports count
+# the returns themselves when a service requeues (``broker_returns`` on RabbitMQ: the
+# larger of the two counters the broker reports, present on every version since 3.8;
+# the hub's own count in memory) and dead-letter the message with their own headers
+# once it came back more than ``DELIVERY_LIMIT`` times; the queue's ``x-delivery-limit``
+# stays as the backstop for consumers that die. Republishing a copy with an attempt
+# header would be fully server-independent but needs write on the queue it came from,
+# which least privilege denies a pod (it may not publish rounds).
+_BROKER_COUNTS = ("x-delivery-count", "x-acquired-count")
+
+
+def broker_returns(headers: Mapping[str, Any] | None) -> int:
+    """How often the broker says this message went back to its queue before: the larger
+    of ``x-delivery-count`` (every return before 4.3) and ``x-acquired-count`` (every
+    acquisition, 4.3 on: may count this delivery too, so the guard can fire one delivery
+    early there, never late); 0 when neither is a non-negative integer."""
+    counts = [v for v in (dict(headers or {}).get(k) for k in _BROKER_COUNTS)
+              if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
+    return max(counts, default=0)
+
+
+def limit_reason(returns: int, limit: int) -> str:
+    """The ``x-podracer-reason`` of a message our poison guard dead-lettered."""
+    return f"delivery limit reached ({returns} returns > {limit}, counted by podracer)"
+
+
 @dataclasses.dataclass(frozen=True)
 class DeadLetterInfo:
     """One dead letter, seen without consuming it."""

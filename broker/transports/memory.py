@@ -7,7 +7,7 @@ no global state, so tests stay isolated. Messages are encoded with the real code
 
 Semantics mirrored from the AMQP transport: FIFO per queue, prefetch, ack, nack with
 requeue (redelivered, counted; past ``DELIVERY_LIMIT`` returns the message is
-dead-lettered like a quorum queue does, with an ``x-death``-like header), reject ->
+dead-lettered by our poison guard, as the AMQP transport does), reject ->
 ``<queue>.dead`` with the ``x-podracer-*`` headers of ``broker.transports.base``, unsettled
 deliveries return to the queue when a consumer closes, topic routing with ``*``/``#``.
 Everything is single event loop: use one hub from one loop.
@@ -16,15 +16,15 @@ Everything is single event loop: use one hub from one loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from broker.core.auth import MessageKey
 from broker.core.errors import ConnectionClosed, MessageError
-from broker.core.messages import DEFAULT_INLINE_LIMIT
+from broker.core.messages import CLAIM_CONTENT_TYPE, DEFAULT_INLINE_LIMIT, claim_of
 from broker.core.schemas import Message
 from broker.core.topology import DELIVERY_LIMIT, WORK_QUEUES, Topology
 from broker.transports.base import (
@@ -35,6 +35,7 @@ from broker.transports.base import (
     check_queue,
     dead_letter_headers,
     describe_dead,
+    limit_reason,
     service_label,
 )
 from broker.transports.memory_hub import Envelope, HubQueue, MemoryBroker
@@ -135,6 +136,8 @@ class _Consumer:
         delivery.settled = True
         self.unsettled.discard(delivery)
         envelope = delivery._envelope
+        if outcome is None:
+            self._release_claim(envelope)
         if outcome == "requeue":
             await self._return(envelope)
         elif outcome == "dead":
@@ -143,15 +146,23 @@ class _Consumer:
         async with self.queue.changed:
             self.queue.changed.notify_all()
 
+    def _release_claim(self, envelope: Envelope) -> None:
+        """An acked claim-checked body's blob goes with it (as on RabbitMQ: nothing else
+        reads it, a blob is named by the message's own bytes)."""
+        blobs = self.transport.blobs
+        if blobs is not None and envelope.content_type == CLAIM_CONTENT_TYPE:
+            with contextlib.suppress(MessageError):
+                blobs.delete(claim_of(envelope.body).sha256)
+
     async def _return(self, envelope: Envelope) -> None:
         envelope.returns += 1
         if self.queue.dead is not None and envelope.returns > DELIVERY_LIMIT:
-            log.warning("dead-lettered message %r from %s: delivery limit %d reached",
-                        envelope.message_id, self.queue.name, DELIVERY_LIMIT)
-            # what a quorum queue does: RabbitMQ's own x-death, no x-podracer-* headers
-            death = {"reason": "delivery_limit", "queue": self.queue.name, "count": 1,
-                     "time": time.time()}
-            await self.transport.hub.dead_letter(self.queue, envelope, {"x-death": [death]})
+            # our poison guard, as on RabbitMQ (broker.transports.base.broker_returns)
+            reason = limit_reason(envelope.returns, DELIVERY_LIMIT)
+            log.warning("dead-lettered message %r from %s: %s", envelope.message_id,
+                        self.queue.name, reason)
+            await self.transport.hub.dead_letter(self.queue, envelope,
+                                                 self.transport.refused(self.queue, reason))
         else:
             await self.transport.hub.put(self.queue.name, envelope, front=True)
 

@@ -37,6 +37,7 @@ from broker.core.errors import BrokerError, ConfigError, ConnectionClosed, Publi
 from broker.core.messages import CLAIM_CONTENT_TYPE, encode_message
 from broker.core.schemas import Scale, Stop
 from broker.core.topology import DEAD_QUEUES, QUEUES, WORK_QUEUES, Topology
+from broker.transports.senders import login_user
 from broker.transports.tls import ssl_context_from_env
 from broker.transports.urls import amqp_addresses
 
@@ -110,6 +111,7 @@ class SyncClient:
         self._secret = secret
         self._insecure = insecure
         self._params = [_parameters(address, timeout) for address in amqp_addresses(url)]
+        self._user = login_user(url)  # vouched for by RabbitMQ (broker.transports.senders)
         self._connection: pika.BlockingConnection | None = None
         self._chan: BlockingChannel | None = None
 
@@ -191,6 +193,7 @@ class SyncClient:
             headers={HEADER_MAC: key.sign(content_type, body)} if key else None,
             content_type=content_type, delivery_mode=pika.DeliveryMode.Persistent,
             message_id=msg.id, type=msg.KIND, timestamp=int(msg.created), app_id="podracer",
+            user_id=self._user,
         )
         events = self.topology.events
         for attempt in range(1, PUBLISH_TRIES + 1):

@@ -13,7 +13,7 @@ from broker.core.blobstore import FileBlobStore
 from broker.core.errors import ConfigError
 from broker.core.schemas import Heartbeat, Initialization, Stop
 from broker.core.topology import DELIVERY_LIMIT
-from broker.transports.base import Transport, topic_matches
+from broker.transports.base import Transport, broker_returns, topic_matches
 from broker.transports.connect import connect
 from broker.transports.memory import MemoryBroker
 from tests.broker.transport_helpers import make_init, next_within, nothing_within, wait_depth
@@ -271,7 +271,48 @@ async def test_delivery_limit_dead_letters_a_message_nacked_forever(
         assert deliveries == DELIVERY_LIMIT + 1
         assert await wait_depth(t, "generator.dead", 1) == 1
         [letter] = await t.peek_dead("generator")
-        assert letter.reason == "delivery limit reached" and letter.service is None
+        # our own guard, not the server's (RabbitMQ 4.3 no longer counts a nack): the
+        # reason says so and names the refusing service
+        assert letter.reason.startswith("delivery limit reached") and "podracer" in letter.reason
+        assert letter.service is not None
+
+
+async def test_the_poison_guard_loses_nothing_acknowledged(
+        make: Factory, experiment: str) -> None:
+    """One message requeued forever ends dead-lettered by our count; the others, acked
+    meanwhile, are each delivered and gone, none dead-lettered."""
+    async with make() as t:
+        poison = make_init(experiment)
+        good = [make_init(experiment) for _ in range(3)]
+        for msg in (poison, *good):
+            await t.publish("generator", msg)
+        acked: list[str] = []
+        async with t.consume("generator", prefetch=1, expect=Initialization) as inbox:
+            while True:
+                try:
+                    delivery = await next_within(inbox, 1.0)
+                except TimeoutError:
+                    break
+                if delivery.message.id == poison.id:
+                    await delivery.nack()
+                else:
+                    acked.append(delivery.message.id)
+                    await delivery.ack()
+        assert sorted(acked) == sorted(m.id for m in good)
+        assert await wait_depth(t, "generator.dead", 1) == 1
+        [letter] = await t.peek_dead("generator")
+        assert letter.id == poison.id and "counted by podracer" in letter.reason
+        assert await wait_depth(t, "generator", 0) == 0
+
+
+def test_the_guard_reads_whichever_count_the_server_keeps() -> None:
+    """RabbitMQ < 4.3 counts every return in x-delivery-count; 4.3 leaves it alone on a
+    nack and counts acquisitions in x-acquired-count: either way the guard sees them."""
+    assert broker_returns({"x-delivery-count": 4}) == 4  # before 4.3
+    assert broker_returns({"x-acquired-count": 7}) == 7  # 4.3 after seven nacks
+    assert broker_returns({"x-delivery-count": 1, "x-acquired-count": 9}) == 9
+    assert broker_returns({"x-delivery-count": True, "x-acquired-count": -3}) == 0
+    assert broker_returns(None) == broker_returns({"x-delivery-count": "20"}) == 0
 
 
 async def test_settling_twice_is_a_programming_error(make: Factory, experiment: str) -> None:
