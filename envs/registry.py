@@ -9,10 +9,11 @@ passed to whoever builds envs; ``make_env`` is the convenience that uses the def
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -136,3 +137,9 @@ def make_env(name: str, num_envs: int, device: str | torch.device = "cpu", **kwa
 def available_envs() -> list[str]:
     """Names ``make_env`` accepts (prefixes shown as ``gym/<gymnasium id>`` etc.)."""
     return default_env_registry().available()
+
+
+def env_maker(env_kwargs: Mapping[str, Any] | None = None) -> Callable[..., VecEnv]:
+    """``make_env`` with an experiment's ``env_kwargs`` bound: what every pod, probe and
+    validator of the experiment builds its env with. Picklable (a process worker gets it)."""
+    return functools.partial(make_env, **dict(env_kwargs or {}))

@@ -65,7 +65,8 @@ def _experiment_from_args(args: argparse.Namespace) -> Any:
             else default_experiment_data(args.env or DEFAULT_ENV))
     changes: dict[str, Any] = {"env": args.env, "pods": args.pods,
                                "target_score": args.target_score, "seed": args.seed,
-                               "name": args.name}
+                               "name": args.name,
+                               "reproducible": True if args.reproducible else None}
     if args.budget:
         budget = parse_budget(args.budget)
         changes["total_budget"] = budget
@@ -103,7 +104,7 @@ def _with_spaces(experiment: Any) -> Any:
     from envs.spaces import read_spaces
 
     try:
-        spaces = read_spaces(experiment.env)
+        spaces = read_spaces(experiment.env, **experiment.env_kwargs)
     except Exception as exc:
         logging.getLogger(__name__).debug("spaces of %s not recorded: %s", experiment.env, exc)
         return experiment
@@ -268,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", help="total budget: seconds (300s, 5m) or env steps (2M)")
     p.add_argument("--round-budget", help="one round: seconds (15s) or env steps (50k)")
     p.add_argument("--seed", type=int)
+    p.add_argument("--reproducible", action="store_true",
+                   help="same seed, same leaderboard: one pod, step budgets, decisions by "
+                        "env steps, seeded evaluations")
     p.add_argument("--name", help="experiment name (namespace of queues and the run dir)")
     p.add_argument("--out", help="run directory (default runs/<experiment>)")
     p.add_argument("--threads", type=int, help="torch threads per pod process")

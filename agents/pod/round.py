@@ -123,8 +123,10 @@ class _Evaluations:
 
     def __init__(self, agent: Agent, eval_env: VecEnv, episodes: int,
                  every_s: float | str | None, target: float | None,
-                 snapshot_every_s: float | None, auto_start_s: float | None) -> None:
+                 snapshot_every_s: float | None, auto_start_s: float | None,
+                 seed: int | None = None) -> None:
         self.agent = agent
+        self.seed = seed
         self.eval_env = eval_env
         self.episodes = episodes
         self.auto = every_s == "auto"
@@ -154,7 +156,8 @@ class _Evaluations:
 
     def run(self) -> EvalResult:
         began = time.monotonic()
-        result = evaluate(lambda obs: self.agent.act(obs, True), self.eval_env, self.episodes)
+        result = evaluate(lambda obs: self.agent.act(obs, True), self.eval_env, self.episodes,
+                          seed=self.seed)
         self.last = time.monotonic()
         if self.auto:
             self.every_s = max(MIN_EVAL_EVERY_S, (self.last - began) / EVAL_SHARE)
@@ -200,15 +203,17 @@ def train_round(
     snapshot_every_s: float | None = None,
     auto_start_s: float | None = None,
     after_iteration: Callable[[], dict[str, float]] | None = None,
+    eval_seed: int | None = None,
 ) -> RoundResult:
     """Train ``agent`` on ``env`` until ``budget``, ``target`` or ``should_stop()``; see
     the module doc. ``auto_start_s`` is the first interval of ``eval_every_s="auto"``
     (the previous round's ``eval_every_s``: a continued lineage need not be evaluated at
     once). ``RoundResult.env_steps``/``wall_time`` count the whole round; the part after
     the last snapshot is that minus the snapshots' own. ``after_iteration`` runs after
-    every iteration (the experience pool's sync) and its metrics join the iteration's."""
+    every iteration (the experience pool's sync) and its metrics join the iteration's.
+    ``eval_seed`` seeds every evaluation's episodes (``None``: the eval env's own RNG)."""
     evals = _Evaluations(agent, eval_env, eval_episodes, eval_every_s, target,
-                         snapshot_every_s, auto_start_s)
+                         snapshot_every_s, auto_start_s, eval_seed)
     start = evals.start
     metrics: dict[str, float] = {}
     final: EvalResult | None = None
