@@ -17,8 +17,7 @@ from podracer.preflight import preflight
 
 MODULE = "podracer_plugin_probe_envs"
 
-FACTORY = f'''
-import gymnasium
+FACTORY = '''
 from envs.gym_adapter import make
 
 BUILT = []
