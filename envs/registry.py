@@ -5,14 +5,22 @@ Names are either exact (``torch/CartPole-v1``) or a prefix plus a target
 other simulators are imported only when a name needs them, so a missing optional
 dependency (Isaac Gym, MuJoCo) breaks nothing else. ``EnvRegistry`` is a plain object
 passed to whoever builds envs; ``make_env`` is the convenience that uses the default.
+
+Installed packages add names through the ``podracer.envs`` entry-point group (in their
+``pyproject.toml``: ``[project.entry-points."podracer.envs"]`` ``"mine/Corridor-v0" =
+"my_package.envs:make_corridor"``, a name or a prefix ending in ``/``, and a factory as
+above). A factory is imported only when an experiment names its env; a name Podracer
+has already is kept (a plugin does not replace ``torch/...`` or ``gym/``).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.metadata
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -65,6 +73,10 @@ class EnvRegistry:
         else:
             self._names[prefix_or_name] = factory
 
+    def has(self, prefix_or_name: str) -> bool:
+        """Whether ``prefix_or_name`` (a name, or a prefix ending in ``/``) is registered."""
+        return prefix_or_name in self._names or prefix_or_name in self._prefixes
+
     def available(self) -> list[str]:
         """Every exact name, then every prefix as ``prefix<hint>``."""
         prefixes = [prefix + hint for prefix, (_, hint) in sorted(self._prefixes.items())]
@@ -113,8 +125,44 @@ def lazy_adapter(module: str, extra: str) -> EnvFactory:
     return factory
 
 
+ENTRY_POINT_GROUP = "podracer.envs"
+"""Where installed packages register env names (see the module doc)."""
+
+
+@functools.cache
+def _plugins() -> tuple[importlib.metadata.EntryPoint, ...]:
+    """The installed ``podracer.envs`` entry points (read once per process)."""
+    return tuple(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+
+
+def _entry_point_factory(entry: importlib.metadata.EntryPoint) -> EnvFactory:
+    """A factory that imports ``entry`` when its env is first built, not before."""
+
+    def factory(*args: Any, **kwargs: Any) -> VecEnv:
+        try:
+            make: EnvFactory = entry.load()
+        except ImportError as e:
+            raise EnvUnavailable(f"env name: {entry.value} (entry point {entry.name!r}) "
+                                 f"cannot be imported ({e}); install its package") from None
+        _bind(entry.name, make, *args, **kwargs)
+        return make(*args, **kwargs)
+
+    return factory
+
+
+def add_plugins(registry: EnvRegistry) -> None:
+    """Register every installed ``podracer.envs`` entry point that names a new env."""
+    for entry in _plugins():
+        if registry.has(entry.name):
+            log.warning("entry point %s = %s ignored: %s is Podracer's own", entry.name,
+                        entry.value, entry.name)
+            continue
+        registry.register(entry.name, _entry_point_factory(entry))
+
+
 def default_env_registry() -> EnvRegistry:
-    """The registry with the pure-torch envs and the gym / isaacgym / stock adapters."""
+    """The registry with the pure-torch envs, the gym / isaacgym / stock adapters and the
+    installed ``podracer.envs`` entry points."""
     registry = EnvRegistry()
     for gym_id, env_class in TORCH_ENVS.items():
         registry.register(f"torch/{gym_id}", env_class)
@@ -125,6 +173,7 @@ def default_env_registry() -> EnvRegistry:
     registry.register(
         "stock/", lazy_adapter("envs.stock", "the podracer stock env"), hint="<csv path>"
     )
+    add_plugins(registry)
     return registry
 
 
@@ -136,3 +185,9 @@ def make_env(name: str, num_envs: int, device: str | torch.device = "cpu", **kwa
 def available_envs() -> list[str]:
     """Names ``make_env`` accepts (prefixes shown as ``gym/<gymnasium id>`` etc.)."""
     return default_env_registry().available()
+
+
+def env_maker(env_kwargs: Mapping[str, Any] | None = None) -> Callable[..., VecEnv]:
+    """``make_env`` with an experiment's ``env_kwargs`` bound: what every pod, probe and
+    validator of the experiment builds its env with. Picklable (a process worker gets it)."""
+    return functools.partial(make_env, **dict(env_kwargs or {}))

@@ -37,9 +37,10 @@ def spaces_of(vec: VecEnv) -> Spaces:
                   space_spec(vec.single_action_space, "spaces.action"))
 
 
-def read_spaces(env: str) -> Spaces:
-    """The spaces of ``env``, read from one copy built here (needs its simulator)."""
-    vec = make_env(env, 1, "cpu")
+def read_spaces(env: str, **env_kwargs: Any) -> Spaces:
+    """The spaces of ``env`` (built with ``env_kwargs``), read from one copy built here
+    (needs its simulator)."""
+    vec = make_env(env, 1, "cpu", **env_kwargs)
     try:
         return spaces_of(vec)
     finally:

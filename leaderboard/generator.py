@@ -76,6 +76,12 @@ def round_seconds(experiment: Experiment) -> float:
 def population_config(experiment: Experiment, pods: int) -> PopulationConfig:
     """The experiment's population settings, with derived values filled in."""
     spec = experiment.population
+    if experiment.reproducible:  # every decision counts env steps (see ``Experiment``)
+        steps = experiment.round_budget.steps or 0
+        return PopulationConfig(members=spec.members or max(1, pods),
+                                ready_s=float(READY_ROUNDS * steps), by_steps=True,
+                                min_share=spec.min_share, explore_p=experiment.explore_p,
+                                episodes=experiment.eval_episodes)
     return PopulationConfig(members=spec.members or max(1, pods),
                             ready_s=spec.ready_s or READY_ROUNDS * round_seconds(experiment),
                             min_share=spec.min_share, explore_p=experiment.explore_p,
@@ -109,6 +115,14 @@ class InitializationMaker:
             members = max(config.members, pods)
             if members != config.members:
                 self.planner.config = population_config(self.experiment, members)
+
+    def budget_spent(self) -> bool:
+        """Reproducible mode only: the stored checkpoints have spent the env-step budget,
+        so no round is issued. (Otherwise the next round may start before the stop
+        arrives and end, shortened, at a step count that depends on timing.)"""
+        budget = self.experiment.total_budget.env_steps
+        return (self.experiment.reproducible and budget is not None
+                and self.store.total_env_steps() >= budget)
 
     def make(self) -> Initialization:
         """The next initialization (see the module doc)."""
@@ -193,7 +207,7 @@ async def keep_stocked(ctx: ServiceContext[Settings], transport: Transport,
                 _, consumers = await transport.queue_depth("generator")
                 maker.set_pods(consumers)
                 while maker.planner.in_flight() < wanted(consumers) \
-                        and not ctx.stopping.is_set():
+                        and not ctx.stopping.is_set() and not maker.budget_spent():
                     init = await asyncio.to_thread(maker.make)
                     await transport.publish("generator", init)
                     maker.published(init)

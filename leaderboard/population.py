@@ -86,6 +86,9 @@ class PopulationConfig:
     episodes: int = 16
     """Episodes behind every checkpoint's score (the experiment's ``eval_episodes``; with
     one, there is no spread to test and a higher mean wins)."""
+    by_steps: bool = False
+    """Count training in env steps, not wall seconds: ``ready_s`` is then env steps, and
+    improvement rates are per env step (reproducible mode: no decision reads a clock)."""
 
     def __post_init__(self) -> None:
         if self.members < 1:
@@ -171,8 +174,11 @@ class Family:
     """One algorithm's checkpoints seen as lineages (derived from the store alone, so a
     restarted generator sees the same population)."""
 
-    def __init__(self, entries: Sequence[Entry]) -> None:
+    def __init__(self, entries: Sequence[Entry], by_steps: bool = False) -> None:
+        """``by_steps``: training is counted in env steps, not wall seconds (reproducible
+        mode: wall time differs from run to run, so no decision may read it)."""
         self.by_id = {e.id: e for e in entries}
+        self.by_steps = by_steps
         self._since: dict[str, float] = {}
         continued = {e.parent_id for e in entries
                      if e.parent_id in self.by_id and _continues(e, self.by_id[e.parent_id])}
@@ -190,7 +196,7 @@ class Family:
             entry = parent if parent is not None and _continues(entry, parent) else None
         total = self._since.get(entry.id, 0.0) if entry is not None else 0.0
         for link in reversed(chain):
-            total += link.wall_time
+            total += self.cost(link)
             self._since[link.id] = total
         return self._since.get(checkpoint_id, 0.0)
 
@@ -208,9 +214,13 @@ class Family:
         out: list[tuple[float, Entry]] = []
         clock = 0.0
         for link in reversed(chain):
-            clock += link.wall_time if out else 0.0
+            clock += self.cost(link) if out else 0.0
             out.append((clock, link))
         return out
+
+    def cost(self, entry: Entry) -> float:
+        """The training behind ``entry``: env steps (``by_steps``) or wall seconds."""
+        return float(entry.env_steps) if self.by_steps else entry.wall_time
 
     def rate(self, checkpoint_id: str, window: int) -> float | None:
         """Improvement per training second of the history ending at ``checkpoint_id``
@@ -288,7 +298,7 @@ class Planner:
             if not entries:
                 continue
             best[name] = entries[0].score_mean
-            family = Family(entries)
+            family = Family(entries, self.config.by_steps)
             measured = [r for h in family.heads[:self.config.members]
                         if (r := family.rate(h.id, self.config.window)) is not None]
             rates[name] = max(measured) if measured else None
@@ -304,7 +314,7 @@ class Planner:
         """The next round (see the module doc)."""
         self._settle()
         algorithm = self._algorithm()
-        family = Family(self.store.top(1_000_000, algorithm=algorithm))
+        family = Family(self.store.top(1_000_000, algorithm=algorithm), self.config.by_steps)
         heads = family.heads
         if not heads:
             return Plan(algorithm, None, False, "first of its algorithm")

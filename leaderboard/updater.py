@@ -37,6 +37,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Mapping
 
 import torch
 
@@ -51,7 +52,7 @@ from broker.core.errors import (
     PodracerError,
     StoreUnavailable,
 )
-from broker.core.schemas import Checkpoint, LeaderboardChanged
+from broker.core.schemas import Checkpoint, LeaderboardChanged, Scalar
 from broker.core.settings import Settings
 from broker.core.spaces import Spaces
 from broker.runtime.control import drain_until_idle, sleep_or_stop, watch_stop
@@ -79,11 +80,12 @@ STORE_BACKOFF = (0.5, 30.0)
 MAX_HOLD_S = 15 * 60.0
 """A checkpoint held this long during a store outage goes back to the queue."""
 
-def make_validation_env(env: str, copies: int) -> VecEnv:
-    """``copies`` of this experiment's own env on the CPU. It depends on no message, so a
-    failure is this node's: ``EnvUnavailable``."""
+def make_validation_env(env: str, copies: int, env_kwargs: Mapping[str, Scalar] | None = None
+                        ) -> VecEnv:
+    """``copies`` of this experiment's own env (built with the experiment's ``env_kwargs``)
+    on the CPU. It depends on no message, so a failure is this node's: ``EnvUnavailable``."""
     try:
-        return make_env(env, copies, "cpu")
+        return make_env(env, copies, "cpu", **(env_kwargs or {}))
     except EnvUnavailable:
         raise
     except Exception as exc:
@@ -95,12 +97,13 @@ class CheckpointValidator:
     """Checks a checkpoint against its experiment and the checkpoint contract
     (``leaderboard.contract``): no env and, per message, no agent."""
 
-    def __init__(self, registry: AlgorithmRegistry, env: str, spaces: Spaces | None = None
-                 ) -> None:
+    def __init__(self, registry: AlgorithmRegistry, env: str, spaces: Spaces | None = None,
+                 env_kwargs: Mapping[str, Scalar] | None = None) -> None:
         """``spaces`` are the experiment's recorded ones; None reads them from one copy of
-        ``env`` now (which needs its simulator here)."""
+        ``env`` (built with ``env_kwargs``) now (which needs its simulator here)."""
         self.registry = registry
         self.env = env
+        self.env_kwargs = dict(env_kwargs or {})
         self._spaces = spaces
         self._contract: StateContract | None = None
 
@@ -111,7 +114,7 @@ class CheckpointValidator:
         if self._contract is None:
             spaces = self._spaces
             if spaces is None:
-                vec = make_validation_env(self.env, 1)
+                vec = make_validation_env(self.env, 1, self.env_kwargs)
                 try:
                     spaces = spaces_of(vec)
                 finally:
@@ -147,7 +150,7 @@ class Updater:
         self.reevaluate = reevaluate
         self.experiment = ctx.settings.experiment
         self.validator = CheckpointValidator(registry, self.experiment.env,
-                                             self.experiment.spaces)
+                                             self.experiment.spaces, self.experiment.env_kwargs)
         self.retention = Retention(top_k=max(self.experiment.top_k, Retention.top_k))
         """Whose state blobs stay on disk (``LeaderboardStore.prune``)."""
         self.claims = ClaimCheck(store, self.experiment, self._measure,
@@ -166,14 +169,17 @@ class Updater:
     def _measure(self, checkpoint: Checkpoint) -> tuple[float, float]:
         """The updater's own score of ``checkpoint`` (only for candidates: see claims)."""
         resolved = self.validator.resolve(checkpoint)
-        eval_env = make_validation_env(checkpoint.env, self.experiment.eval_episodes)
+        eval_env = make_validation_env(checkpoint.env, self.experiment.eval_episodes,
+                                       self.experiment.env_kwargs)
         try:
             agent = resolved.build(eval_env.single_observation_space,
                                    eval_env.single_action_space, torch.device("cpu"), 0,
                                    checkpoint.state,
                                    config=dataclasses.replace(resolved.config, num_envs=1))
+            # reproducible mode: every candidate meets the same seeded episodes
+            seed = self.experiment.seed if self.experiment.reproducible else None
             result = evaluate(lambda obs: agent.act(obs, True), eval_env,
-                              self.experiment.eval_episodes)
+                              self.experiment.eval_episodes, seed=seed)
         finally:
             eval_env.close()
         return result.mean, result.std

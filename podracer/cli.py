@@ -68,7 +68,8 @@ def _experiment_from_args(args: argparse.Namespace) -> Any:
             else default_experiment_data(args.env or DEFAULT_ENV))
     changes: dict[str, Any] = {"env": args.env, "pods": args.pods,
                                "target_score": args.target_score, "seed": args.seed,
-                               "name": args.name}
+                               "name": args.name,
+                               "reproducible": True if args.reproducible else None}
     if args.budget:
         budget = parse_budget(args.budget)
         changes["total_budget"] = budget
@@ -116,7 +117,7 @@ def _with_spaces(experiment: Any) -> Any:
     from envs.spaces import read_spaces
 
     try:
-        spaces = read_spaces(experiment.env)
+        spaces = read_spaces(experiment.env, **experiment.env_kwargs)
     except Exception as exc:
         logging.getLogger(__name__).debug("spaces of %s not recorded: %s", experiment.env, exc)
         return experiment
@@ -310,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: the file's, else total seconds / 15 within 10s..120s)")
     p.add_argument("--seed", type=int, help="seed of the generator and so of every pod "
                    "(default: the file's, else 0)")
+    p.add_argument("--reproducible", action="store_true",
+                   help="same seed, same leaderboard: one pod, step budgets, decisions by "
+                        "env steps, seeded evaluations (default: off)")
     p.add_argument("--name", help="experiment name: namespace of queues and the run dir "
                    "(default: the file's, else from the env)")
     p.add_argument("--run-dir", help="run directory (default: runs/<experiment>, or "

@@ -43,7 +43,7 @@ from broker.runtime.service import ServiceContext
 from broker.runtime.supervise import ProcessGroup, supervised
 from broker.transports.connect import connector
 from broker.transports.memory import MemoryBroker
-from envs.registry import make_env
+from envs.registry import env_maker
 from leaderboard.selection import SelectionRegistry
 from orchestrator.embedded import TaskScaler
 from orchestrator.service import default_policy
@@ -120,7 +120,7 @@ async def _embedded(settings: Settings, monitor: Monitor, wiring: Wiring,
     contexts = {role: ServiceContext(settings, role) for role in SERVICE_ROLES}
     exp = settings.experiment
     pods = _EmbeddedPods(wiring, await asyncio.to_thread(
-        node_pool, exp.env, exp.experience_pool, exp.pool_mib, make_env))
+        node_pool, exp.env, exp.experience_pool, exp.pool_mib, env_maker(exp.env_kwargs)))
     scaler = TaskScaler(pods.main, lambda name: dataclasses.replace(settings, name=name))
     policy = default_policy(settings, min_pods=settings.experiment.pods)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 
@@ -25,6 +25,7 @@ from agents.base import AlgorithmRegistry
 from agents.build import check_action_space
 from broker.core.errors import ConfigError, EnvUnavailable
 from broker.core.experiment import Experiment
+from broker.core.schemas import Scalar
 from broker.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -71,14 +72,18 @@ def check_budget(experiment: Experiment) -> None:
                           "--target-score, or set total_budget in the experiment file")
 
 
-def _spaces(env_name: str) -> tuple[object, object]:
-    """The env's single observation and action spaces (one copy on the CPU)."""
+def _spaces(env_name: str, env_kwargs: Mapping[str, Scalar] | None = None
+            ) -> tuple[object, object]:
+    """The env's single observation and action spaces (one copy on the CPU, built with the
+    experiment's ``env_kwargs``: a keyword the env does not take is a ``ConfigError``
+    naming ``env_kwargs``)."""
     from envs.registry import make_env
 
     try:
-        env = make_env(env_name, 1, "cpu")
+        env = make_env(env_name, 1, "cpu", **(env_kwargs or {}))
     except ConfigError as exc:
-        raise ConfigError("--env", f"{env_name}: {exc.problem}", exc.fix or "check --env"
+        field = "env_kwargs" if env_kwargs and "kwargs" in exc.field else "--env"
+        raise ConfigError(field, f"{env_name}: {exc.problem}", exc.fix or "check --env"
                           ) from None
     except EnvUnavailable as exc:
         raise ConfigError("--env", f"{env_name}: {exc}", "install it, or pick another --env"
@@ -131,7 +136,7 @@ def preflight(settings: Settings, registry: AlgorithmRegistry | None = None, *,
     if must_end:
         check_budget(exp)
     device = check_device(settings)
-    obs_space, action_space = _spaces(exp.env)
+    obs_space, action_space = _spaces(exp.env, exp.env_kwargs)
     exp, dropped = check_algorithms(exp, registry, action_space, explicit=explicit_algos)
     note = (f"{', '.join(dropped)} cannot act in {exp.env}'s actions {action_space}: "
             f"training {', '.join(exp.algos)} only (--algos chooses)" if dropped else None)

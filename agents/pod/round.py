@@ -145,9 +145,10 @@ class _Evaluations:
     def __init__(self, agent: Agent, eval_env: VecEnv, episodes: int,
                  every_s: float | str | None, target: float | None,
                  snapshot_every_s: float | None, auto_start_s: float | None,
-                 feed: Feed | None = None) -> None:
+                 feed: Feed | None = None, seed: int | None = None) -> None:
         self.agent = agent
         self.feed = feed
+        self.seed = seed
         self.eval_env = eval_env
         self.episodes = episodes
         self.auto = every_s == "auto"
@@ -177,7 +178,8 @@ class _Evaluations:
 
     def run(self) -> EvalResult:
         began = time.monotonic()
-        result = evaluate(lambda obs: self.agent.act(obs, True), self.eval_env, self.episodes)
+        result = evaluate(lambda obs: self.agent.act(obs, True), self.eval_env, self.episodes,
+                          seed=self.seed)
         self.last = time.monotonic()
         if self.auto:
             self.every_s = max(MIN_EVAL_EVERY_S, (self.last - began) / EVAL_SHARE)
@@ -230,6 +232,7 @@ def train_round(
     snapshot_every_s: float | None = None,
     auto_start_s: float | None = None,
     feed: Feed | None = None,
+    eval_seed: int | None = None,
 ) -> RoundResult:
     """Train ``agent`` on ``env`` until ``budget``, ``target`` or ``should_stop()``; see
     the module doc. ``auto_start_s`` is the first interval of ``eval_every_s="auto"``
@@ -237,9 +240,10 @@ def train_round(
     once). ``RoundResult.env_steps``/``wall_time`` count the whole round; the part after
     the last snapshot is that minus the snapshots' own (``pool_rows`` too). ``feed``
     syncs after every iteration (the experience pool's link) and its metrics join the
-    iteration's."""
+    iteration's. ``eval_seed`` seeds every evaluation's episodes (``None``: the eval
+    env's own RNG)."""
     evals = _Evaluations(agent, eval_env, eval_episodes, eval_every_s, target,
-                         snapshot_every_s, auto_start_s, feed)
+                         snapshot_every_s, auto_start_s, feed, eval_seed)
     start = evals.start
     metrics: dict[str, float] = {}
     final: EvalResult | None = None

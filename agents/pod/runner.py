@@ -95,6 +95,9 @@ class RunnerConfig:
     process worker when it starts); ``None``: the pod learns from its own data only."""
     pool_own_share: float = DEFAULT_OWN_SHARE
     """Least share of a learner's new data that is its own (``agents.pod.pool_link``)."""
+    seeded_eval: bool = False
+    """Evaluate on episodes seeded from the round's seed (reproducible mode): the same
+    agent then gets the same score in every run."""
 
 
 def buffer_of(agent: Agent) -> ReplayBuffer | None:
@@ -187,7 +190,8 @@ class RoundRunner:
                                  eval_episodes=self.config.eval_episodes, target=job.target,
                                  snapshot_every_s=self.config.snapshot_every_s,
                                  auto_start_s=self._eval_every.get(job.env),
-                                 feed=link)
+                                 feed=link,
+                                 eval_seed=job.seed if self.config.seeded_eval else None)
         except BaseException as exc:
             for env in [*envs, eval_env]:  # mid-episode state of a failed round: rebuild
                 env.close()

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -70,7 +71,7 @@ from broker.runtime.service import ServiceContext
 from broker.runtime.supervise import Backoff
 from broker.transports.base import Delivery, Transport
 from broker.transports.connect import Connector
-from envs.registry import make_env
+from envs.registry import env_maker
 
 log = logging.getLogger(__name__)
 
@@ -339,6 +340,10 @@ def make_worker(settings: Settings, registry: AlgorithmRegistry, kind: str,
     config = RunnerConfig(device=str(settings.torch_device()), eval_episodes=exp.eval_episodes,
                           learners=exp.learners, torch_threads=settings.torch_threads,
                           pool=pool, pool_own_share=exp.pool_own_share)
+    if exp.reproducible:  # no decision by the clock: one evaluation at the round's end
+        config = dataclasses.replace(config, eval_every_s=None, snapshot_every_s=None,
+                                     seeded_eval=True)
+    make_env = env_maker(exp.env_kwargs)  # the experiment's, never a message's
     if kind == "process":
         return ProcessWorker(registry, config, make_env)
     return ThreadWorker(RoundRunner(registry, config, make_env))
@@ -362,7 +367,7 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
     exp = settings.experiment
     if pool is None:  # experience pool hook: a pod of its own process has its own
         pool = await asyncio.to_thread(node_pool, exp.env, exp.experience_pool, exp.pool_mib,
-                                       make_env)
+                                       env_maker(exp.env_kwargs))
     runner = await asyncio.to_thread(make_worker, settings, registry, worker, pool)
     bridge = await asyncio.to_thread(start_bridge, pool, settings.broker, exp.name)
     cache = cache if cache is not None else ReplayCache(default_cache_bytes())

@@ -156,6 +156,14 @@ class Experiment:
     """Least share of a member's new data that is its own (``agents.pod.pool_link``)."""
     tracking: tuple[str, ...] = ("tensorboard",)
     """Where ``podracer train`` logs metrics and hyperparameters: any of ``TRACKERS``."""
+    env_kwargs: Mapping[str, Scalar] = dataclasses.field(default_factory=dict)
+    """Keyword arguments of the env's constructor (``gymnasium.make`` for ``gym/`` names),
+    e.g. ``{g = 9.81}``: finite scalars only, at most ``MAX_ENV_KWARGS`` keys. They come
+    from this file (the operator), never from a message; every pod builds with them."""
+    reproducible: bool = False
+    """Make every decision step-based and seeded (``leaderboard.population``, the pod's
+    evaluation cadence, torch's threads): one pod, step budgets and a seed give the same
+    leaderboard twice. Needs ``round_budget.steps`` and ``total_budget.env_steps``."""
 
     def overrides_for(self, algorithm: str) -> dict[str, Scalar]:
         """The pinned hyperparameters of ``algorithm`` (``num_envs`` included)."""
@@ -180,6 +188,7 @@ class Experiment:
                          "perturb_factors": list(self.mutation.perturb_factors)},
             "num_envs": dict(self.num_envs),
             "hparams": {k: dict(v) for k, v in self.hparams.items()},
+            "env_kwargs": dict(self.env_kwargs), "reproducible": self.reproducible,
         }
         total = _drop_none(dataclasses.asdict(self.total_budget))
         if total:
@@ -321,6 +330,43 @@ def _hparams(table: Table, algos: Mapping[str, float]) -> dict[str, dict[str, Sc
     return out
 
 
+MAX_ENV_KWARGS = 32
+"""Most keys ``env_kwargs`` may hold (a constructor's arguments, not a data store)."""
+_KWARG = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+def _env_kwargs(table: Table) -> dict[str, Scalar]:
+    table.known.extend(table.data)  # every key is the env's: the env checks them (preflight)
+    if len(table.data) > MAX_ENV_KWARGS:
+        raise ConfigError("env_kwargs", f"{len(table.data)} keys, at most {MAX_ENV_KWARGS}",
+                          "pass only the env's own constructor arguments")
+    for key, value in table.data.items():
+        if not _KWARG.fullmatch(key):
+            raise ConfigError(f"env_kwargs.{key[:64]}", "is not a Python keyword name",
+                              "use the constructor's argument name, e.g. g or ctrl_cost_weight")
+        if not isinstance(value, bool | int | float | str) or (
+                isinstance(value, float) and not math.isfinite(value)) or (
+                isinstance(value, str) and len(value) > 256):
+            raise ConfigError(f"env_kwargs.{key}", f"expected a finite scalar (number, "
+                              f"boolean or string up to 256 characters), got {value!r}"[:300])
+    return dict(table.data)
+
+
+def _reproducible(exp: Experiment) -> None:
+    if not exp.reproducible:
+        return
+    if exp.round_budget.steps is None or exp.round_budget.seconds is not None:
+        raise ConfigError("round_budget", "reproducible mode needs a round budget in env "
+                          "steps only", "e.g. round_budget = {steps = 5000} (--round-budget 5k)")
+    if exp.total_budget.seconds is not None or (
+            exp.total_budget.env_steps is None and exp.target_score is None):
+        raise ConfigError("total_budget", "reproducible mode needs a total budget in env "
+                          "steps only", "e.g. total_budget = {env_steps = 100000} (--budget 100k)")
+    if exp.pods not in (0, 1):
+        raise ConfigError("pods", f"reproducible mode needs exactly one pod, got {exp.pods}",
+                          "pass --pods 1 (several pods race: their order is not seeded)")
+
+
 def _only_mixed(field: str, per_algo: Mapping[str, Any], algos: Mapping[str, float]) -> None:
     for name in per_algo:
         if name not in algos:
@@ -389,8 +435,13 @@ def parse_experiment(data: Mapping[str, Any], check: Check | None = None) -> Exp
         pool_mib=top.required_integer("pool_mib", 256, 1),
         pool_own_share=top.number("pool_own_share", 0.5, 0.0, 1.0, positive=True) or 0.5,
         tracking=_tracking(top.raw("tracking", ["tensorboard"])),
+        env_kwargs=_env_kwargs(top.table("env_kwargs")),
+        reproducible=top.boolean("reproducible", False),
     )
     top.finish()
+    _reproducible(exp)
+    if exp.reproducible and not exp.pods:
+        exp = dataclasses.replace(exp, pods=1)  # "derive it": reproducible mode runs one
     if check is not None:
         check(exp)
     return exp

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import html
 import io
+import json
 import os
 import re
 import shlex
@@ -182,6 +183,28 @@ def test_stock_commands_run(tmp_path: Path) -> None:
                            "2020-01-01", "--end", "2020-12-31", "--capital", "100000",
                            "--cost", "0.001"))
     assert "capital 100,000, cost 0.1%" in year and "WARNING" not in year
+
+
+@pytest.mark.timeout(200)
+def test_custom_env_commands_run(tmp_path: Path) -> None:
+    """docs/tutorials/custom_env.md: the example env trains, named ``gym/<module>:<id>``
+    with its ``[env_kwargs]``, in reproducible mode, from the repository root."""
+    page = (DOCS / "tutorials" / "custom_env.md").read_text()
+    command = "podracer train examples/corridor.toml --budget 8k"
+    assert "export PYTHONPATH=examples\n" + command in page
+    run = tmp_path / "corridor"
+    script = Path(sys.executable).with_name("podracer")
+    argv = [str(script)] if script.is_file() else [sys.executable, "-m", "podracer"]
+    proc = subprocess.run([*argv, *shlex.split(command)[1:], "--out", str(run), "--quiet"],
+                          cwd=REPO, env={**ENV, "PYTHONPATH": os.pathsep.join(
+                              ["examples", *filter(None, [ENV.get("PYTHONPATH")])])},
+                          capture_output=True, text=True, timeout=180)
+    trained = ok(proc)
+    assert "training ppo on gym/corridor_env:Corridor-v0 with 1 pod" in trained, trained
+    assert re.search(r"done after .*: [1-9]\d* checkpoints?, best -?\d", trained), trained
+    recorded = json.loads((run / "experiment.json").read_text())
+    assert recorded["env_kwargs"] == {"length": 4.0, "speed": 0.5}
+    assert recorded["reproducible"] is True
 
 
 @pytest.mark.timeout(200)

@@ -141,3 +141,23 @@ def test_default_name_of_a_stock_env_leaves_its_windows_out() -> None:
     env = ("stock/../shared/data/sp500_20_adjclose_daily.csv.gz?train=2016-01-01..2018-05-12"
            "&validation=2018-05-13..2019-05-12&backtest=2019-05-13..2021-05-26")
     assert default_experiment(env).name == "sp500_20_adjclose_daily-csv-gz"
+
+
+@pytest.mark.parametrize(("changes", "field"), [
+    ({"round_budget": {"seconds": 10}}, "round_budget"),
+    ({"round_budget": {"steps": 100, "seconds": 10}}, "round_budget"),
+    ({"total_budget": {"seconds": 60}}, "total_budget"),
+    ({"total_budget": {}}, "total_budget"),
+    ({"pods": 2, "total_budget": {"env_steps": 1000}}, "pods"),
+])
+def test_reproducible_mode_refuses_what_a_clock_or_a_race_decides(
+        changes: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_experiment(with_(reproducible=True, **changes))
+    assert caught.value.field == field
+
+
+def test_reproducible_mode_runs_one_pod_on_step_budgets() -> None:
+    exp = parse_experiment(with_(reproducible=True, total_budget={"env_steps": 1000}))
+    assert exp.reproducible and exp.pods == 1
+    assert parse_experiment(exp.to_dict()) == exp

@@ -283,3 +283,13 @@ def test_the_rate_of_a_lineage_is_its_recent_slope_per_training_second(
     assert family.rate("sac0", 4) is None  # one evaluation: not measured
     assert family.improving(head, 4, 16) and family.improving("sac0", 4, 16)
     assert not family.improving("sac2", 3, 16)
+
+
+def test_reproducible_mode_counts_env_steps_not_seconds(store: LeaderboardStore) -> None:
+    # the same history, stored with wall times that differ from run to run: counted in
+    # env steps (100 per checkpoint) the lineage's training and rate do not change
+    head = _curve(store, "sac", [0.0, 0.0, 0.0, 100.0, 200.0, 300.0, 400.0], wall=10.0)
+    by_steps = Family(store.top(100, algorithm="sac"), by_steps=True)
+    assert by_steps.rate(head, 4) == pytest.approx(1.0)  # 100 points per 100 steps
+    assert by_steps.since(head) == pytest.approx(700.0)
+    assert Family(store.top(100, algorithm="sac")).since(head) == pytest.approx(70.0)
