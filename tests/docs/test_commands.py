@@ -195,7 +195,7 @@ def test_custom_env_commands_run(tmp_path: Path) -> None:
     run = tmp_path / "corridor"
     script = Path(sys.executable).with_name("podracer")
     argv = [str(script)] if script.is_file() else [sys.executable, "-m", "podracer"]
-    proc = subprocess.run([*argv, *shlex.split(command)[1:], "--out", str(run), "--quiet"],
+    proc = subprocess.run([*argv, *shlex.split(command)[1:], "--run-dir", str(run), "--quiet"],
                           cwd=REPO, env={**ENV, "PYTHONPATH": os.pathsep.join(
                               ["examples", *filter(None, [ENV.get("PYTHONPATH")])])},
                           capture_output=True, text=True, timeout=180)

@@ -32,7 +32,7 @@ def _wait_for(condition: object, deadline_s: float, what: str) -> None:
 
 def test_fresh_refuses_a_run_still_training(tmp_path: Path) -> None:
     out = tmp_path / "runs" / "live"
-    train = ["train", "--env", "torch/Pendulum-v1", "--pods", "1", "--quiet", "--out",
+    train = ["train", "--env", "torch/Pendulum-v1", "--pods", "1", "--quiet", "--run-dir",
              str(out)]
     running = _podracer(tmp_path, *train, "--budget", "5m")
     try:
