@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import pika
+import pika.exceptions
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,6 +63,7 @@ from benchmarks.soak_hostile import Hostile, account, send_batch  # noqa: E402
 from broker.core.auth import SECRET_ENV, SECRET_FILE_ENV, new_secret  # noqa: E402
 from broker.core.blobstore import FileBlobStore  # noqa: E402
 from broker.core.settings import default_experiment  # noqa: E402
+from broker.core.topology import Topology  # noqa: E402
 from broker.transports.urls import amqp_addresses  # noqa: E402
 
 ENV = "torch/Pendulum-v1"
@@ -105,15 +107,20 @@ def disk_mib(root: Path) -> float:
 
 
 def queue_depths(url: str, experiment: str) -> dict[str, float]:
-    """Ready messages in each work queue (a passive declare)."""
+    """Ready messages in each work queue (a passive declare; 0 before it is declared)."""
     connection = pika.BlockingConnection(pika.URLParameters(url))
+    depths = {}
     try:
-        channel = connection.channel()
-        return {f"{q}_queue": float(channel.queue_declare(
-            f"podracer.{experiment}.{q}", passive=True).method.message_count)
-            for q in ("generator", "updater")}
+        for queue in ("generator", "updater"):
+            try:
+                ok = connection.channel().queue_declare(
+                    f"{Topology(experiment).prefix}.{queue}", passive=True)
+                depths[f"{queue}_queue"] = float(ok.method.message_count)
+            except pika.exceptions.ChannelClosedByBroker:  # not declared yet
+                depths[f"{queue}_queue"] = 0.0
     finally:
         connection.close()
+    return depths
 
 
 def sample(cluster: Cluster, started: float) -> dict[str, float]:

@@ -48,7 +48,7 @@ from hostile_cases import (  # noqa: E402
     wire_of,
 )
 
-from agents.build import build_agent  # noqa: E402
+from agents.build import build_agent, resolve_config  # noqa: E402
 from agents.registry import default_registry  # noqa: E402
 from broker.core.blobstore import FileBlobStore  # noqa: E402
 from broker.core.schemas import (  # noqa: E402
@@ -67,6 +67,8 @@ FORGER = "soak-forger"
 """The ``pod`` of every forged checkpoint: a stored row with it is a forged one."""
 FORGED_STOP = "forged stop from the soak"
 """The reason of the forged ``control.stop``: a service that logs it obeyed a forgery."""
+SMALL_PPO = {"num_envs": 4, "rollout_steps": 16, "hidden_size": 16}
+"""The never-issued round's agent (any will do: it is refused unmeasured)."""
 TOP_CLAIM = -1.0
 """A claim near Pendulum's ceiling (0): would be the best, so it is measured."""
 WORK_QUEUES = ("generator", "updater")
@@ -91,10 +93,10 @@ class Hostile:
 
 def _fresh_state(algorithm: str, hparams: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
     """An untrained agent's state for ``algorithm`` with ``hparams`` on ``ENV``."""
-    env = make_env(ENV, int(hparams.get("num_envs", 1)), "cpu")
+    registry = default_registry()
+    env = make_env(ENV, resolve_config(registry, algorithm, hparams).num_envs, "cpu")
     try:
-        agent = build_agent(default_registry(), algorithm, hparams, env, torch.device("cpu"),
-                            seed)
+        agent = build_agent(registry, algorithm, hparams, env, torch.device("cpu"), seed)
     finally:
         env.close()
     return agent.state_dict()
@@ -118,8 +120,8 @@ def claim_cases(experiment: str, store_root: Path, seed: int, hostile: Hostile
     """Checkpoints that decode but whose claims must be refused (see the module doc)."""
     unissued = new_id()
     ghost = Checkpoint(experiment=experiment, id=unissued, init_id=unissued, pod=FORGER,
-                       algorithm="ppo", env=ENV, hparams={},
-                       state=_fresh_state("ppo", {}, seed), score_mean=TOP_CLAIM,
+                       algorithm="ppo", env=ENV, hparams=SMALL_PPO,
+                       state=_fresh_state("ppo", SMALL_PPO, seed), score_mean=TOP_CLAIM,
                        score_std=1.0, env_steps=64, wall_time=1.0)
     cases = [Case("claim-unissued-round", packb(wire_of(ghost)))]
     with LeaderboardStore(store_root) as store:
