@@ -48,6 +48,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aio_pika
+import aio_pika.exceptions
 import pika
 import pika.exceptions
 import psutil
@@ -62,11 +64,15 @@ from reliability_ledger import build_ledger  # noqa: E402
 from benchmarks.soak_hostile import Hostile, account, send_batch  # noqa: E402
 from broker.core.auth import SECRET_ENV, SECRET_FILE_ENV, new_secret  # noqa: E402
 from broker.core.blobstore import FileBlobStore  # noqa: E402
+from broker.core.errors import ConnectionClosed  # noqa: E402
 from broker.core.settings import default_experiment  # noqa: E402
 from broker.core.topology import Topology  # noqa: E402
 from broker.transports.urls import amqp_addresses  # noqa: E402
 
 ENV = "torch/Pendulum-v1"
+BROKEN = (aio_pika.exceptions.AMQPError, pika.exceptions.AMQPError, ConnectionError,
+          asyncio.TimeoutError)
+"""What the soak's own broker calls raise when the broker drops their connection."""
 MIB = 1024 * 1024
 
 
@@ -78,6 +84,8 @@ class Soak:
     pod_kills: int = 0
     hostile: Hostile = dataclasses.field(default_factory=Hostile)
     crashes: list[str] = dataclasses.field(default_factory=list)
+    broken: list[str] = dataclasses.field(default_factory=list)
+    """The soak's own broker calls that failed (a shared broker's connections closed)."""
 
 
 # ------------------------------------------------------------------ measuring
@@ -150,6 +158,17 @@ def supervise(cluster: Cluster, soak: Soak) -> None:
         cluster.start(proc.role)
 
 
+def stop_all(cluster: Cluster) -> dict[str, int | None]:
+    """``cluster.stop_all``, again if the broker closed its connection (another client
+    may run ``rabbitmqctl close_all_connections`` on a shared broker)."""
+    for _ in range(5):
+        try:
+            return cluster.stop_all("soak over")
+        except ConnectionClosed as exc:
+            print(f"soak: stopping again: {exc}", flush=True)
+    return cluster.stop_all("soak over")
+
+
 def run(args: argparse.Namespace, out: Path) -> tuple[Soak, Cluster]:
     """Start the services, shake them for ``args.minutes``, stop them."""
     experiment = f"soak{random.randrange(16**6):06x}"
@@ -184,13 +203,23 @@ def run(args: argparse.Namespace, out: Path) -> tuple[Soak, Cluster]:
                     soak.pod_kills += 1
             if now >= next_hostile:
                 next_hostile += args.hostile_every
-                asyncio.run(send_batch(node, experiment, blobs, cluster.store, soak.hostile))
+                try:
+                    asyncio.run(send_batch(node, experiment, blobs, cluster.store,
+                                           soak.hostile))
+                except BROKEN as exc:  # what was sent is counted; the next batch tries again
+                    soak.broken.append(f"hostile batch: {type(exc).__name__}: {exc}")
+                    print(f"soak: {soak.broken[-1]}", flush=True)
             if now >= next_sample:
                 next_sample += args.sample_every
-                row = sample(cluster, started)
+                try:
+                    row = sample(cluster, started)
+                except BROKEN as exc:
+                    soak.broken.append(f"sample: {type(exc).__name__}: {exc}")
+                    print(f"soak: {soak.broken[-1]}", flush=True)
+                    continue
                 soak.samples.append(row)
                 print("  ".join(f"{k} {v:8.1f}" for k, v in row.items()), flush=True)
-        codes = cluster.stop_all("soak over")
+        codes = stop_all(cluster)
         soak.crashes += [f"{name} exit {code} at stop" for name, code in codes.items()
                          if code != 0]
     finally:
@@ -247,6 +276,7 @@ def report(args: argparse.Namespace, soak: Soak, cluster: Cluster) -> bool:
     section, failures = account(soak.hostile, ledger.dead, ledger.in_queue, cluster.store,
                                 logs)
     totals.update(pod_kills=soak.pod_kills, service_crashes=soak.crashes,
+                  soak_broker_errors=soak.broken,
                   samples=len(soak.samples), hostile=section)
     print("\nledger:\n" + json.dumps(totals, indent=2, default=sorted))
     lost = bool(ledger.vanished or ledger.lost_checkpoints or genuine_dead

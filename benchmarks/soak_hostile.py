@@ -72,6 +72,8 @@ SMALL_PPO = {"num_envs": 4, "rollout_steps": 16, "hidden_size": 16}
 TOP_CLAIM = -1.0
 """A claim near Pendulum's ceiling (0): would be the best, so it is measured."""
 WORK_QUEUES = ("generator", "updater")
+MEASURED_CASES = ("claim-top-score-issued-round", "claim-rival-of-stored-round")
+"""Forged claims that pass every check but the measurement (see ``account``)."""
 
 
 @dataclasses.dataclass
@@ -217,6 +219,13 @@ def account(hostile: Hostile, dead: dict[str, list[tuple[str, str]]],
     with LeaderboardStore(store_root) as store:
         forged_rows = [e for e in store.entries() if e.pod == FORGER]
         best = store.best()
+    # a forged claim that passes its checks is measured: stored at the measured score, or
+    # (a rival that measures worse than the stored result) dropped like a replay
+    forger_stored = len(re.findall(rf"stored \w{{8}} from {FORGER}:", logs))
+    forger_dropped = len(re.findall(rf"this one from pod {FORGER} measured \S+ is dropped",
+                                    logs))
+    displaced = re.findall(rf"stored already from pod {FORGER} \(measured (\S+)\); this one "
+                           rf"from pod (\S+) measured (\S+) is dropped", logs)
     work: dict[str, dict[str, Any]] = {}
     for queue in WORK_QUEUES:
         found = collections.Counter(mid for mid, _ in dead[f"{queue}.dead"] if mid in sent_ids)
@@ -224,13 +233,12 @@ def account(hostile: Hostile, dead: dict[str, list[tuple[str, str]]],
         for mid, reason in dead[f"{queue}.dead"]:
             reasons.setdefault(mid, reason)
         sent = {mid: n for (where, mid), n in hostile.sent.items() if where == queue}
-        short = [mid for mid, n in sent.items() if found[mid] < n]
-        rivals_kept = sum(1 for e in forged_rows if e.id == e.init_id)
-        if queue == "updater" and "claim-rival-of-stored-round" in short:
-            # a rival that measured better keeps the row, by design (leaderboard.claims)
-            missing = sent["claim-rival-of-stored-round"] - found["claim-rival-of-stored-round"]
-            if missing <= rivals_kept:
-                short.remove("claim-rival-of-stored-round")
+        short = {mid: n - found[mid] for mid, n in sent.items() if found[mid] < n}
+        measured = sum(short.pop(mid, 0) for mid in MEASURED_CASES) if queue == "updater" \
+            else 0
+        if measured > forger_stored + forger_dropped:
+            failures.append(f"updater: {measured} forged claims not dead-lettered, but only "
+                            f"{forger_stored + forger_dropped} stored or dropped as measured")
         if short:
             failures.append(f"{queue}: not dead-lettered: {sorted(short)}")
         work[queue] = {
@@ -242,6 +250,10 @@ def account(hostile: Hostile, dead: dict[str, list[tuple[str, str]]],
                                                                    "zero-", "hparam-key",
                                                                    "created-"))},
         }
+    work["updater"]["forged_claims_measured"] = {
+        "stored_at_measured_score": forger_stored, "dropped_as_worse_rival": forger_dropped,
+        "real_results_dropped_for_a_forged_row": [f"{pod} measured {real} < forged {fake}"
+                                                  for fake, pod, real in displaced]}
     drops = collections.Counter(m.group(2) for m in _DROPPED.finditer(logs))
     event_sent = {mid: n for (where, mid), n in hostile.sent.items() if where == "events"}
     undecodable = {mid: n for mid, n in event_sent.items() if "-mac-" not in mid}
