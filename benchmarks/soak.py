@@ -6,18 +6,25 @@ generator and ``--pods`` pods train torch Pendulum on RabbitMQ for ``--minutes``
 
 * SIGKILLs a pod (one in the middle of a round when there is one) every
   ``--kill-every`` seconds (default 120) and starts a replacement;
-* every ``--hostile-every`` seconds (default 60) publishes the forged bodies of
-  ``tests/hostile/hostile_cases.py`` to the ``generator`` and ``updater`` queues and on
-  the events exchange (all of them must be dead-lettered or dropped);
+* every ``--hostile-every`` seconds (default 60) publishes a batch of every hostile
+  case of issue 22 (``benchmarks/soak_hostile.py``: forged bodies, decoder bombs, bad
+  MACs, false claims, a forged ``control.stop``) to the ``generator`` and ``updater``
+  queues and on the events exchange;
 * every ``--sample-every`` seconds (default 60) prints the RSS of each service (a pod:
-  its process and children; pods: the largest live one) and the store's disk use.
+  its process and children; pods: the largest live one), the store's disk use and the
+  depth of both work queues.
+
+The services run authenticated: with ``PODRACER_SECRET`` (or ``_FILE``) if set, else a
+fresh secret the script makes.
 
 At the end it stops the run with ``control.stop`` and prints a table: for each series,
 its value after warm-up (the first third of the samples), its peak after that, the
 growth and whether it stayed flat (within ``--flat`` = 10%); then the ledger of
 ``tests/reliability`` (every initialization stored, back in its queue or dead-lettered;
 no duplicate rows; every confirmed checkpoint stored) with the hostile messages counted
-apart. It exits 1 if anything was lost or a service died by itself.
+apart, case by case: each dead-lettered with its reason, dropped, or refused; no forged
+checkpoint the best; no service stopped by a forged event. It exits 1 if anything was
+lost, a hostile case is unaccounted for, a series grew, or a service ended by itself.
 
     python -m benchmarks.soak                    # 30 minutes on 127.0.0.1:5672
     python -m benchmarks.soak --minutes 3        # a quick check of the script
@@ -33,6 +40,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import random
 import sys
 import tempfile
@@ -41,23 +49,30 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+import aio_pika.exceptions
+import pika
+import pika.exceptions
 import psutil
-import torch
 
 REPO = Path(__file__).resolve().parents[1]
-# the fault rig, the ledger and the hostile cases of the test suite, used as they are
-sys.path[:0] = [str(REPO / "tests" / "reliability"), str(REPO / "tests" / "hostile")]
+# the fault rig and the ledger of the test suite, used as they are
+sys.path[:0] = [str(REPO / "tests" / "reliability")]
 
-from hostile_cases import RawSender, hostile_bodies, wire_of  # noqa: E402
 from reliability_cluster import Cluster, Proc  # noqa: E402
 from reliability_ledger import build_ledger  # noqa: E402
 
+from benchmarks.soak_hostile import Hostile, account, send_batch  # noqa: E402
+from broker.core.auth import SECRET_ENV, SECRET_FILE_ENV, new_secret  # noqa: E402
 from broker.core.blobstore import FileBlobStore  # noqa: E402
-from broker.core.schemas import Budget, Checkpoint, Initialization  # noqa: E402
+from broker.core.errors import ConnectionClosed  # noqa: E402
 from broker.core.settings import default_experiment  # noqa: E402
+from broker.core.topology import Topology  # noqa: E402
 from broker.transports.urls import amqp_addresses  # noqa: E402
 
 ENV = "torch/Pendulum-v1"
+BROKEN = (aio_pika.exceptions.AMQPError, pika.exceptions.AMQPError, ConnectionError,
+          asyncio.TimeoutError)
+"""What the soak's own broker calls raise when the broker drops their connection."""
 MIB = 1024 * 1024
 
 
@@ -67,10 +82,10 @@ class Soak:
 
     samples: list[dict[str, float]] = dataclasses.field(default_factory=list)
     pod_kills: int = 0
-    hostile_batches: int = 0
-    hostile_sent: dict[str, int] = dataclasses.field(default_factory=dict)
-    hostile_ids: set[str] = dataclasses.field(default_factory=set)
+    hostile: Hostile = dataclasses.field(default_factory=Hostile)
     crashes: list[str] = dataclasses.field(default_factory=list)
+    broken: list[str] = dataclasses.field(default_factory=list)
+    """The soak's own broker calls that failed (a shared broker's connections closed)."""
 
 
 # ------------------------------------------------------------------ measuring
@@ -99,67 +114,59 @@ def disk_mib(root: Path) -> float:
     return sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) / MIB
 
 
+def queue_depths(url: str, experiment: str) -> dict[str, float]:
+    """Ready messages in each work queue (a passive declare; 0 before it is declared)."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    depths = {}
+    try:
+        for queue in ("generator", "updater"):
+            try:
+                ok = connection.channel().queue_declare(
+                    f"{Topology(experiment).prefix}.{queue}", passive=True)
+                depths[f"{queue}_queue"] = float(ok.method.message_count)
+            except pika.exceptions.ChannelClosedByBroker:  # not declared yet
+                depths[f"{queue}_queue"] = 0.0
+    finally:
+        connection.close()
+    return depths
+
+
 def sample(cluster: Cluster, started: float) -> dict[str, float]:
-    """One row: minutes since start, RSS per long-lived service, largest pod, store."""
+    """One row: minutes since start, RSS per long-lived service, largest pod, store,
+    work-queue depths."""
     row = {"minute": round((time.monotonic() - started) / 60, 1)}
     for role in ("updater", "generator"):
         row[f"{role}_rss_mib"] = max((rss_mib(p) for p in cluster.live(role)), default=0.0)
     pods = [rss_mib(p) for p in cluster.live("pod")]
     row["pod_rss_max_mib"] = max(pods, default=0.0)
     row["store_mib"] = disk_mib(cluster.store)
+    row.update(queue_depths(amqp_addresses(cluster.url)[0], cluster.experiment.name))
     return row
-
-
-# ------------------------------------------------------------------ hostile traffic
-
-
-def valid_messages(experiment: str) -> tuple[Initialization, Checkpoint]:
-    """Small valid messages whose near misses make the hostile bodies."""
-    init = Initialization(experiment=experiment, algorithm="ppo", env=ENV,
-                          hparams={"lr": 3e-4}, budget=Budget(steps=64), seed=1)
-    ckpt = Checkpoint(experiment=experiment, init_id="hostile-init", pod="hostile",
-                      algorithm="ppo", env=ENV, hparams={"lr": 3e-4},
-                      state={"w": torch.ones(4)}, score_mean=-100.0, score_std=1.0,
-                      env_steps=64, wall_time=1.0)
-    return init, ckpt
-
-
-async def send_hostile(url: str, experiment: str, blobs: FileBlobStore, soak: Soak) -> None:
-    """One batch of forged bodies to both work queues and the events exchange."""
-    init, ckpt = valid_messages(experiment)
-    batches = {
-        "generator": hostile_bodies(wire_of(init), "checkpoint", blobs,
-                                    rng_seed=soak.hostile_batches),
-        "updater": hostile_bodies(wire_of(ckpt), "initialization", blobs,
-                                  rng_seed=soak.hostile_batches),
-    }
-    connection = await aio_pika.connect(url)
-    try:
-        channel = await connection.channel()
-        sender = RawSender(experiment, channel=channel)
-        for queue, cases in batches.items():
-            for case in cases:
-                await sender.to_queue(queue, case)
-                soak.hostile_ids.add(case.sent_id[:8])
-            soak.hostile_sent[queue] = soak.hostile_sent.get(queue, 0) + len(cases)
-        for case in batches["generator"]:
-            await sender.to_events("control.stop", case)
-        soak.hostile_sent["events"] = soak.hostile_sent.get("events", 0) + len(
-            batches["generator"])
-    finally:
-        await connection.close()
-    soak.hostile_batches += 1
 
 
 # ------------------------------------------------------------------ the run
 
 
 def supervise(cluster: Cluster, soak: Soak) -> None:
-    """A service that exited by itself is noted (a failure) and restarted."""
-    for proc in cluster.crashed():
+    """A service that exited by itself is noted (a failure) and restarted: with code 0
+    too (it obeyed a stop before the soak sent one)."""
+    for proc in cluster.procs:
+        if proc.killed or proc.alive():
+            continue
         proc.killed = True  # handled
         soak.crashes.append(f"{proc.name} exit {proc.popen.returncode}")
         cluster.start(proc.role)
+
+
+def stop_all(cluster: Cluster) -> dict[str, int | None]:
+    """``cluster.stop_all``, again if the broker closed its connection (another client
+    may run ``rabbitmqctl close_all_connections`` on a shared broker)."""
+    for _ in range(5):
+        try:
+            return cluster.stop_all("soak over")
+        except ConnectionClosed as exc:
+            print(f"soak: stopping again: {exc}", flush=True)
+    return cluster.stop_all("soak over")
 
 
 def run(args: argparse.Namespace, out: Path) -> tuple[Soak, Cluster]:
@@ -196,13 +203,23 @@ def run(args: argparse.Namespace, out: Path) -> tuple[Soak, Cluster]:
                     soak.pod_kills += 1
             if now >= next_hostile:
                 next_hostile += args.hostile_every
-                asyncio.run(send_hostile(node, experiment, blobs, soak))
+                try:
+                    asyncio.run(send_batch(node, experiment, blobs, cluster.store,
+                                           soak.hostile))
+                except BROKEN as exc:  # what was sent is counted; the next batch tries again
+                    soak.broken.append(f"hostile batch: {type(exc).__name__}: {exc}")
+                    print(f"soak: {soak.broken[-1]}", flush=True)
             if now >= next_sample:
                 next_sample += args.sample_every
-                row = sample(cluster, started)
+                try:
+                    row = sample(cluster, started)
+                except BROKEN as exc:
+                    soak.broken.append(f"sample: {type(exc).__name__}: {exc}")
+                    print(f"soak: {soak.broken[-1]}", flush=True)
+                    continue
                 soak.samples.append(row)
                 print("  ".join(f"{k} {v:8.1f}" for k, v in row.items()), flush=True)
-        codes = cluster.stop_all("soak over")
+        codes = stop_all(cluster)
         soak.crashes += [f"{name} exit {code} at stop" for name, code in codes.items()
                          if code != 0]
     finally:
@@ -213,6 +230,11 @@ def run(args: argparse.Namespace, out: Path) -> tuple[Soak, Cluster]:
 # ------------------------------------------------------------------ the report
 
 
+QUEUE_SLACK = 10.0
+"""Messages a work queue may gain over its post-warm-up depth and still be flat (its
+depth wanders with the rounds in flight; a leak grows every batch)."""
+
+
 def flat_table(samples: list[dict[str, float]], tolerance: float) -> list[dict[str, Any]]:
     """Per series: value after warm-up, later peak, growth, flat or not."""
     warm = max(1, len(samples) // 3)
@@ -221,13 +243,15 @@ def flat_table(samples: list[dict[str, float]], tolerance: float) -> list[dict[s
         after = [s[key] for s in samples[warm - 1:]]
         base, peak = after[0], max(after)
         growth = (peak - base) / base if base > 0 else 0.0
+        flat = growth <= tolerance or (key.endswith("_queue") and peak - base <= QUEUE_SLACK)
         rows.append({"series": key, "after_warmup": round(base, 1), "peak": round(peak, 1),
-                     "growth_pct": round(100 * growth, 1), "flat": growth <= tolerance})
+                     "growth_pct": round(100 * growth, 1), "flat": flat})
     return rows
 
 
 def report(args: argparse.Namespace, soak: Soak, cluster: Cluster) -> bool:
-    """Print the table and the ledger; True if nothing was lost and nothing crashed."""
+    """Print the table and the ledger; True if nothing was lost, every hostile case is
+    accounted for, every series stayed flat and nothing crashed."""
     table = flat_table(soak.samples, args.flat)
     print(f"\n{'series':<18}{'after warm-up':>15}{'peak':>10}{'growth':>9}  flat "
           f"(within {args.flat:.0%})")
@@ -237,7 +261,7 @@ def report(args: argparse.Namespace, soak: Soak, cluster: Cluster) -> bool:
     node = amqp_addresses(args.broker)[0]
     ledger = build_ledger(node, cluster.experiment.name, cluster.store,
                           cluster.all_logs("generator"), cluster.all_logs("pod"))
-    hostile = soak.hostile_ids
+    hostile = {mid[:8] for mid in soak.hostile.ids()}  # the ledger keeps 8-char ids
     genuine_dead = {i for i in ledger.in_queue["updater.dead"] if i not in hostile}
     totals = ledger.totals()
     # the forged messages are counted apart (ids: the hostile case names)
@@ -248,22 +272,28 @@ def report(args: argparse.Namespace, soak: Soak, cluster: Cluster) -> bool:
         (ledger.in_queue["generator.dead"] | ledger.in_queue["updater.dead"]) & hostile)
     totals["hostile_ids_still_queued"] = len(
         (ledger.in_queue["generator"] | ledger.in_queue["updater"]) & hostile)
-    totals.update(pod_kills=soak.pod_kills, hostile_batches=soak.hostile_batches,
-                  hostile_sent=soak.hostile_sent, service_crashes=soak.crashes,
-                  samples=len(soak.samples))
+    logs = cluster.all_logs()
+    section, failures = account(soak.hostile, ledger.dead, ledger.in_queue, cluster.store,
+                                logs)
+    totals.update(pod_kills=soak.pod_kills, service_crashes=soak.crashes,
+                  soak_broker_errors=soak.broken,
+                  samples=len(soak.samples), hostile=section)
     print("\nledger:\n" + json.dumps(totals, indent=2, default=sorted))
     lost = bool(ledger.vanished or ledger.lost_checkpoints or genuine_dead
                 or ledger.rows != ledger.unique_rows)
+    flat = bool(table) and all(r["flat"] for r in table)
+    for failure in failures:
+        print(f"hostile: {failure}")
     print(f"\nnothing lost: {'yes' if not lost else 'NO'}; services crashed: "
-          f"{len(soak.crashes)}; flat: "
-          f"{'yes' if table and all(r['flat'] for r in table) else 'NO'}")
+          f"{len(soak.crashes)}; flat: {'yes' if flat else 'NO'}; hostile cases accounted "
+          f"for: {'yes' if not failures else 'NO'}")
     (cluster.root / "soak.json").write_text(json.dumps(
         {"table": table, "ledger": totals, "samples": soak.samples}, indent=2, default=sorted))
-    return not lost and not soak.crashes
+    return not lost and not soak.crashes and flat and not failures
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse flags, run the soak, print the report; 0 if nothing was lost."""
+    """Parse flags, run the soak, print the report; 0 if it passed (see ``report``)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=30.0, help="length of the run")
     p.add_argument("--broker", default="amqp://guest:guest@127.0.0.1:5672/",
@@ -281,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.minutes <= 0 or args.pods < 1:
         p.error("--minutes must be > 0 and --pods >= 1")
     amqp_addresses(args.broker)  # a bad URL fails here, with the reason
+    if not (os.environ.get(SECRET_ENV) or os.environ.get(SECRET_FILE_ENV)):
+        # the services (which inherit the environment) and the hostile sender share it
+        os.environ[SECRET_ENV] = new_secret()
     out = args.out or Path(tempfile.mkdtemp(prefix="podracer-soak-"))
     soak, cluster = run(args, out)
     return 0 if report(args, soak, cluster) else 1

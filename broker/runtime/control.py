@@ -31,24 +31,39 @@ async def drain_until_idle(ctx: ServiceContext[Any], items: AsyncIterator[T],
                            ) -> AsyncIterator[T]:
     """Yield ``items``; once ``ctx.stopping`` is set, end after ``idle_s`` without one, or
     as soon as none is waiting once ``settled`` is set (every producer has finished, as
-    embedded mode knows when its pods have returned)."""
+    embedded mode knows when its pods have returned).
+
+    The wait for the next item is polled, never cancelled, until the end: cancelling it
+    could land inside the transport's dead-lettering of a bad message (a confirmed
+    publish, then the ack), leaving that delivery unsettled and its prefetch slot taken
+    for as long as the channel lives; a few of those and the consumer gets nothing more.
+    """
     idle_since: float | None = None
-    while True:
-        done = settled is not None and settled.is_set()
-        try:
-            item = await asyncio.wait_for(anext(items), timeout=0.05 if done else 0.5)
-        except TimeoutError:
-            if ctx.stopping.is_set():
-                if done:
-                    return
-                idle_since = idle_since or time.monotonic()
-                if time.monotonic() - idle_since >= idle_s:
-                    return
-            continue
-        except StopAsyncIteration:
-            return
-        idle_since = None
-        yield item
+    waiting: asyncio.Future[T] | None = None
+    try:
+        while True:
+            done = settled is not None and settled.is_set()
+            if waiting is None:
+                waiting = asyncio.ensure_future(anext(items))
+            finished, _ = await asyncio.wait({waiting}, timeout=0.05 if done else 0.5)
+            if not finished:
+                if ctx.stopping.is_set():
+                    if done:
+                        return
+                    idle_since = idle_since or time.monotonic()
+                    if time.monotonic() - idle_since >= idle_s:
+                        return
+                continue
+            taken, waiting = waiting, None
+            try:
+                item = taken.result()
+            except StopAsyncIteration:
+                return
+            idle_since = None
+            yield item
+    finally:
+        if waiting is not None:  # the end: what it held goes back when its channel closes
+            waiting.cancel()
 
 
 async def sleep_or_stop(ctx: ServiceContext[Any], seconds: float) -> bool:

@@ -10,6 +10,8 @@ sending side validates it first.
 memory hub (``MemoryBroker.put`` / ``fan_out``, the lowest level the hub offers) or
 on RabbitMQ through plain aio-pika. It signs them with the experiment's secret, as an
 insider whose secret leaked would: what sits behind the MAC check must hold on its own.
+``mac_cases`` are the outsider's: valid messages whose MAC is missing, malformed, made
+with another secret or over another body (a forged ``control.stop`` among them).
 """
 
 from __future__ import annotations
@@ -45,11 +47,18 @@ class Case:
     content_type: str | None = CONTENT_TYPE
     message_id: str = ""
     """Transport-level message id (default: ``name``)."""
+    mac: str = "signed"
+    """How ``RawSender`` signs it: one of ``MAC_MODES``."""
 
     @property
     def sent_id(self) -> str:
         """The message id the case is published with."""
         return self.message_id or self.name
+
+
+MAC_MODES = ("signed", "missing", "malformed", "other-secret", "other-body")
+"""``signed``: with the experiment's key (an insider); the rest must fail the MAC check."""
+OTHER_SECRET = "not-the-experiments-secret-" + "x" * 16
 
 
 def tensor_ext(code: int, shape: list[int], raw: bytes = b"", ndim: int | None = None
@@ -253,6 +262,17 @@ def hostile_bodies(wire: dict[str, Any], other_kind: str, blobs: FileBlobStore,
     return cases
 
 
+def mac_cases(wire: dict[str, Any], prefix: str = "mac") -> list[Case]:
+    """``wire`` (a valid message) sent with every MAC that must be refused.
+
+    The body would be accepted as it is: only the MAC check stands between it and the
+    consumer (on a work queue: dead-lettered with its reason; an event: dropped and
+    counted). Names are ``<prefix>-<mode>``.
+    """
+    body = packb(wire)
+    return [Case(f"{prefix}-{mode}", body, mac=mode) for mode in MAC_MODES[1:]]
+
+
 # ------------------------------------------------------------------ raw senders
 
 
@@ -268,9 +288,19 @@ class RawSender:
         self.key = None if secret is None else MessageKey(secret, experiment)
 
     def _headers(self, case: Case) -> dict[str, str]:
-        if self.key is None:
+        content_type = case.content_type or ""
+        if case.mac == "missing" or (self.key is None and case.mac == "signed"):
             return {}
-        return {HEADER_MAC: self.key.sign(case.content_type or "", case.body)}
+        if case.mac == "malformed":
+            return {HEADER_MAC: "not-hex\n" * 8}
+        if case.mac == "other-secret":
+            other = MessageKey(OTHER_SECRET, self.topology.experiment)
+            return {HEADER_MAC: other.sign(content_type, case.body)}
+        key = self.key or MessageKey(OTHER_SECRET, self.topology.experiment)
+        if case.mac == "other-body":
+            return {HEADER_MAC: key.sign(content_type, case.body + b"\0")}
+        assert case.mac == "signed", case.mac
+        return {HEADER_MAC: key.sign(content_type, case.body)}
 
     async def to_queue(self, queue: str, case: Case) -> None:
         """Append ``case`` to work queue ``queue`` (short name) as if a peer sent it."""

@@ -4,8 +4,8 @@ The real updater service runs on both transports; a forger who can publish to th
 ``updater`` queue (and has read an issued init id) sends an untrained agent's state
 claiming a top score. It is re-evaluated, refused to ``updater.dead`` with the measured
 score in its reason, and no ``leaderboard.changed`` ever meets the target; a round that
-was never issued and a 1e308 claim are refused too. The honest checkpoint is stored
-with its measured score beside its claim.
+was never issued and a 1e308 claim for an issued round are refused too. The honest
+checkpoint is stored with its measured score beside its claim.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from broker.transports.memory import MemoryBroker
 from leaderboard import updater as updater_service
 from leaderboard.store import LeaderboardStore
 from orchestrator.policy import StopCondition
+from tests.hostile.hostile_cases import Case, packb, wire_of
 from tests.hostile.hostile_rig import Rig, make_rig
 from tests.hostile.test_services import ENV, PPO, alive_until, checkpoint, depth, ppo_state, stop
 from tests.issued import issue_for
@@ -56,18 +57,22 @@ async def test_a_forged_top_score_never_becomes_the_best_nor_stops_the_run(
     honest = checkpoint(rig.experiment, state)  # claims less than it will measure
     forged = checkpoint(rig.experiment, state, score_mean=1e9, pod="forger")
     ghost = checkpoint(rig.experiment, state, score_mean=1e9, pod="forger")  # never issued
-    for issued in (honest, forged):
+    huge = checkpoint(rig.experiment, state, pod="forger")  # sent claiming 1e308
+    for issued in (honest, forged, huge):
         issue_for(tmp_path, issued)
     stop_at = StopCondition(target_score=TARGET)
     with caplog.at_level(logging.WARNING):
         async with rig.transport.subscribe(["leaderboard.changed"]) as events:
             task = _start(ctx, rig, wire)
+            # no encoder sends 1e308: it is forged on the wire, for a round really issued
+            await rig.sender.to_queue("updater", Case("score-1e308-issued", packb(
+                {**wire_of(huge), "score_mean": 1e308})))
             for sent in (forged, ghost, honest):
                 await rig.transport.publish("updater", sent)
             changed = await alive_until(anext(events), task)
             assert isinstance(changed, LeaderboardChanged) and changed.best_id == honest.id
             assert stop_at.check(changed.best_score, 0.0, 0) is None
-            assert await depth(rig, "updater.dead", 2) == 2
+            assert await depth(rig, "updater.dead", 3) == 3
             assert await stop(ctx, task) == 0
     with LeaderboardStore(tmp_path) as store:
         best = store.best()

@@ -28,7 +28,7 @@ from broker.core.schemas import (
     Message,
     Stop,
 )
-from tests.hostile.hostile_cases import Case, hostile_bodies, wire_of
+from tests.hostile.hostile_cases import Case, hostile_bodies, mac_cases, wire_of
 from tests.hostile.hostile_rig import MAX_PEAK_BYTES, Rig, make_rig, watch_memory
 
 pytestmark = pytest.mark.timeout(120)
@@ -79,7 +79,8 @@ async def test_hostile_bodies_are_dead_lettered_and_the_queue_keeps_flowing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     good = valid(kind, rig.experiment)
-    cases = hostile_bodies(wire_of(good), other, rig.blobs)
+    # a valid body whose MAC is missing or wrong is refused like garbage
+    cases = hostile_bodies(wire_of(good), other, rig.blobs) + mac_cases(wire_of(good))
     expect = type(good)
     with caplog.at_level(logging.WARNING), watch_memory(monkeypatch) as (spy, peak):
         for case in cases:
@@ -103,8 +104,16 @@ async def test_hostile_events_are_dropped_with_one_line_each(
                               top=[("c1", -10.0)], checkpoints=1)
     cases = hostile_bodies(wire_of(good), "stop", rig.blobs)
     stop = Stop(experiment=rig.experiment, reason="after the garbage")
+    # valid events an outsider forged: no MAC, or a wrong one
+    forged = (mac_cases(wire_of(Stop(experiment=rig.experiment, reason="forged")),
+                        "forged-stop-mac")
+              + mac_cases(wire_of(good), "forged-changed-mac"))
     with caplog.at_level(logging.WARNING), watch_memory(monkeypatch) as (spy, peak):
         async with rig.transport.subscribe(["leaderboard.changed", "control.*"]) as events:
+            for case in forged:
+                key = "control.stop" if case.name.startswith("forged-stop") else \
+                    "leaderboard.changed"
+                await rig.sender.to_events(key, case)
             for i, case in enumerate(cases):
                 key = "leaderboard.changed" if i % 2 else "control.stop"
                 await rig.sender.to_events(key, case)
@@ -112,6 +121,10 @@ async def test_hostile_events_are_dropped_with_one_line_each(
             received = await asyncio.wait_for(anext(events), 60)
     assert isinstance(received, Stop) and received.id == stop.id
     assert_one_line_each(broker_warnings(caplog, "dropped event"), cases)
+    # counted, and logged once (a flood of forgeries must not flood the log)
+    unauthenticated = broker_warnings(caplog, "dropped unauthenticated event")
+    assert len(unauthenticated) == 1 and repr(forged[0].sent_id) in unauthenticated[0]
+    assert rig.transport.event_drops.unauthenticated == len(forged)
     assert peak[0] < MAX_PEAK_BYTES
     assert spy.largest == 0
 

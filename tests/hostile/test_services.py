@@ -44,6 +44,7 @@ from tests.hostile.hostile_cases import (
     Tripwire,
     foreign_initializations,
     hostile_bodies,
+    mac_cases,
     packb,
     wire_of,
 )
@@ -249,13 +250,18 @@ async def test_generator_ignores_hostile_events_and_still_obeys_stop(
             await rig.sender.to_events("control.stop", probe)
             await asyncio.sleep(0.1)
         probes = len(dropped_events(caplog))
-        for case in garbage:
+        # a real stop's body, forged by someone without the secret: dropped, not obeyed
+        for case in mac_cases(wire_of(Stop(experiment=exp, reason="forged")), "forged-stop"):
+            await rig.sender.to_events("control.stop", case)
+        for case in garbage:  # after the forged stops: once these are dropped, so are they
             await rig.sender.to_events("control.stop", case)
         for _ in range(100):
             if len(dropped_events(caplog)) >= probes + len(garbage):
                 break
             await asyncio.sleep(0.1)
         assert not task.done() and not ctx.stopping.is_set()
+        assert sum("dropped unauthenticated event 'forged-stop-" in line
+                   for line in one_line_warnings(caplog)) == 1
         await rig.transport.publish_event("control.stop", stop_msg)
         assert await asyncio.wait_for(task, 60) == 0
         await ctx.close()

@@ -37,6 +37,8 @@ class Ledger:
     discarded: set[str] = dataclasses.field(default_factory=set)
     """Waiting initializations a (re)started or stopping generator took back, untrained."""
     faults: dict[str, int] = dataclasses.field(default_factory=dict)
+    dead: dict[str, list[tuple[str, str]]] = dataclasses.field(default_factory=dict)
+    """Per dead-letter queue: (full message id, reason) of every message found there."""
 
     @property
     def vanished(self) -> set[str]:
@@ -119,4 +121,6 @@ def build_ledger(url: str, experiment: str, store_root: Path, generator_logs: st
         in_queue={q: {mid[:8] for mid, _ in msgs} for q, msgs in queues.items()},
         dead_reasons={mid[:8]: _reason(h) for mid, h in queues["generator.dead"]},
         discarded=set(_DISCARDED.findall(generator_logs)),
+        dead={q: [(mid, _reason(h)) for mid, h in queues[q]]
+              for q in ("generator.dead", "updater.dead")},
     )
