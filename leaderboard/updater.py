@@ -184,7 +184,8 @@ class Updater:
             eval_env.close()
         return result.mean, result.std
 
-    def _accept(self, checkpoint: Checkpoint) -> tuple[bool, LeaderboardChanged | None]:
+    def _accept(self, checkpoint: Checkpoint) -> tuple[float | None, LeaderboardChanged | None]:
+        """The stored (ranked) score, None for a replay; and the leaderboard's news."""
         if checkpoint.algorithm not in self.experiment.algos:
             # ranked, it would become a parent whose rounds no pod may build
             raise ConfigError("algorithm", f"{checkpoint.algorithm[:100]!r} is not in this "
@@ -192,13 +193,13 @@ class Updater:
         self.validator.check(checkpoint)
         inserted = self.claims.admit(checkpoint)
         if not inserted.new:
-            return False, None
+            return None, None
         try:
             self.store.prune(self.retention)  # disk stays flat: see leaderboard.store
         except PodracerError as exc:  # stored already: pruning waits for the next one
             log.warning("retention skipped: %s", exc)
         top = self.store.top(self.experiment.top_k)
-        return True, LeaderboardChanged(
+        return inserted.entry.score_mean, LeaderboardChanged(
             experiment=self.experiment.name, best_id=top[0].id, best_score=top[0].score_mean,
             top=[(e.id, e.score_mean) for e in top], checkpoints=self.store.count(),
             total_env_steps=self.store.total_env_steps())
@@ -207,7 +208,7 @@ class Updater:
         """Validate, store, ack, announce (see the module doc)."""
         checkpoint = delivery.message
         try:
-            new, changed = await asyncio.to_thread(self._accept, checkpoint)
+            score, changed = await asyncio.to_thread(self._accept, checkpoint)
         except Exception as exc:
             # What no row of the table knows is the message itself: hyperparameters whose
             # reference agent cannot be built, integers SQLite cannot hold... Poison.
@@ -220,13 +221,14 @@ class Updater:
             await asyncio.to_thread(release_refused, self.store, checkpoint)
             return
         await delivery.ack()
-        if not new:
+        if score is None:
             log.info("checkpoint %s was already stored (redelivery)", checkpoint.id[:8])
             return
         self.stored += 1
+        # the stored score: the updater's own measurement when it re-evaluated the claim
         log.info("stored %s from %s: %s score %.2f (best %.2f, %d in store)",
                  checkpoint.id[:8], checkpoint.pod, checkpoint.algorithm,
-                 checkpoint.score_mean, changed.best_score if changed else float("nan"),
+                 score, changed.best_score if changed else float("nan"),
                  changed.checkpoints if changed else -1)
         if changed is not None:
             try:

@@ -111,7 +111,7 @@ def test_disk_use_stays_flat_over_a_thousand_checkpoints(
             checkpoint = ppo_checkpoint("disk", env, ppo, score=rng.gauss(-500 + n / 5, 50),
                                         state=state, parent_id=parent)
             issue_for(store, checkpoint)
-            assert updater._accept(checkpoint)[0]
+            assert updater._accept(checkpoint)[0] is not None
             ids.append(checkpoint.id)
             blob_size = max(blob_size, store.get(checkpoint.id).blob.size)  # type: ignore[union-attr]
             if n % 100 == 0:
