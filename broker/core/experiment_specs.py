@@ -1,0 +1,83 @@
+"""The parts of an experiment that are specs of their own: mutation, total budget,
+selection, population, and the default round budget (``broker.core.experiment`` holds
+the ``Experiment`` that carries them and parses the file)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+from broker.core.errors import ConfigError
+from broker.core.schemas import Budget
+
+
+@dataclasses.dataclass(frozen=True)
+class MutationConfig:
+    """How a hyperparameter of an exploited checkpoint is explored."""
+
+    resample_p: float = 0.25
+    """Probability of drawing a search-space field afresh instead of perturbing it."""
+    perturb_factors: tuple[float, float] = (0.8, 1.25)
+    """A perturbed field is multiplied by one of these, each with probability 0.5."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.resample_p <= 1.0:
+            raise ConfigError("mutation.resample_p", f"must be in [0, 1], got {self.resample_p}")
+        if len(self.perturb_factors) != 2:
+            raise ConfigError("mutation.perturb_factors", "give exactly two factors",
+                              "e.g. [0.8, 1.25]")
+        for factor in self.perturb_factors:
+            if not (math.isfinite(factor) and factor > 0):
+                raise ConfigError("mutation.perturb_factors",
+                                  f"factors must be finite and > 0, got {factor}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TotalBudget:
+    """When the whole experiment stops if the target is never reached (None: no limit)."""
+
+    seconds: float | None = None
+    """Wall-clock seconds since the experiment started."""
+    env_steps: int | None = None
+    """Env steps summed over every accepted checkpoint."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectionSpec:
+    """A selection strategy by name and its params (``leaderboard.selection`` builds it)."""
+
+    name: str = "tournament"
+    """``fresh``, ``top_k``, ``softmax`` or ``tournament``."""
+    params: Mapping[str, float | int] = dataclasses.field(default_factory=dict)
+    """The strategy's parameters (``k``, ``temperature``, ``size``; those left out take the
+    strategy's defaults, e.g. ``size = 3``); read-only."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PopulationSpec:
+    """How the generator shares rounds between algorithms and lineages
+    (``leaderboard.population``); 0 means "derive it"."""
+
+    members: int = 0
+    """Lineages kept per algorithm; 0: one per pod seen consuming (at least 1)."""
+    ready_s: float = 0.0
+    """Seconds a lineage trains before it is judged; 0: three rounds' worth."""
+    min_share: float = 0.15
+    """Share of rounds each algorithm keeps once a leader is known."""
+
+
+MIN_ROUND_S = 10.0
+MAX_ROUND_S = 120.0
+ROUNDS_PER_BUDGET = 15
+
+
+def default_round_budget(total: TotalBudget) -> Budget:
+    """One fifteenth of the total seconds, within [10 s, 120 s] (60 s without a total).
+
+    Rounds cost little now that a lineage keeps its replay data and envs, but each ends
+    with an evaluation and a checkpoint; about 15 per pod let the population be judged
+    and reshaped several times within any budget."""
+    if total.seconds is None:
+        return Budget(seconds=60.0)
+    return Budget(seconds=min(MAX_ROUND_S, max(MIN_ROUND_S, total.seconds / ROUNDS_PER_BUDGET)))
