@@ -94,7 +94,7 @@ def build_experiment(env: str | None, algos: Algos | None, budget: str | None,
     from broker.core.settings import DEFAULT_ENV, default_experiment, read_experiment
     from leaderboard.checks import experiment_check
     from leaderboard.selection import default_strategies
-    from podracer.cli import parse_budget
+    from podracer.units import parse_budget
 
     exp = read_experiment(experiment) if experiment else default_experiment(env or DEFAULT_ENV)
     data = exp.with_overrides({"env": env, "target_score": target, "pods": fields.get("pods"),

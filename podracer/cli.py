@@ -6,7 +6,6 @@ import argparse
 import dataclasses
 import logging
 import os
-import re
 import signal
 import sys
 from pathlib import Path
@@ -29,28 +28,9 @@ from podracer import renames
 from podracer.cli_parser import PodracerParser, finish, unreachable, version
 from podracer.roles import ROLES
 from podracer.status_cli import _quiet_client_logs
+from podracer.units import parse_budget, parse_duration
 
 log = logging.getLogger(__name__)
-_BUDGET = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
-_SECONDS = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
-_STEPS = {"": 1, "k": 1_000, "m_steps": 1_000_000, "M": 1_000_000, "G": 1_000_000_000}
-
-
-def parse_budget(text: str, field: str = "--budget") -> dict[str, float | int]:
-    """``"90s"``/``"2m"``/``"1h"`` -> seconds; ``"500000"``/``"500k"``/``"2M"`` -> steps."""
-    match = _BUDGET.match(text)
-    if not match:
-        raise ConfigError(field, f"cannot read {text!r}",
-                          "give seconds like 90s, 5m, 1h or env steps like 200000, 500k, 2M")
-    value, unit = float(match.group(1)), match.group(2)
-    if unit.lower() in _SECONDS and unit != "M":
-        return {"seconds": value * _SECONDS[unit.lower()]}
-    if unit in _STEPS:
-        return {"env_steps": int(value * _STEPS[unit])}
-    raise ConfigError(field, f"unknown unit {unit!r} in {text!r}",
-                      "use s, m, h for time or k, M for env steps")
-
-
 def checked_experiment(data: dict[str, Any]) -> Any:
     """Parse TOML-shaped ``data`` and check it against the registries, once: how both
     ``train`` and ``serve`` read their experiment."""
@@ -122,18 +102,6 @@ def _with_spaces(experiment: Any) -> Any:
         logging.getLogger(__name__).debug("spaces of %s not recorded: %s", experiment.env, exc)
         return experiment
     return dataclasses.replace(experiment, spaces=spaces)
-
-
-_DURATION = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str, field: str) -> float:
-    """``"90s"``/``"30m"``/``"12h"``/``"1d"`` -> seconds."""
-    match = _BUDGET.match(text)
-    unit = match.group(2).lower() if match else ""
-    if not match or unit not in _DURATION:
-        raise ConfigError(field, f"cannot read {text!r}", "give a duration like 90s, 30m, 12h, 1d")
-    return float(match.group(1)) * _DURATION[unit]
 
 
 def _resume_args(args: argparse.Namespace) -> Path:
