@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping
 
@@ -29,6 +30,7 @@ import psutil
 import torch
 
 from agents.replay import ReplayBuffer
+from broker.core.errors import ConfigError
 from envs.base import VecEnv
 
 log = logging.getLogger(__name__)
@@ -137,8 +139,23 @@ class ReplayCache:
             return None
 
 
+CACHE_ENV = "PODRACER_REPLAY_CACHE_MIB"
+
+
 def default_cache_bytes() -> int:
-    """A quarter of the memory available now, at most 8 GiB."""
+    """``PODRACER_REPLAY_CACHE_MIB`` when set, else a quarter of the memory available now,
+    at most 8 GiB. The cache fills over a run up to this bound, so a pod's memory grows
+    for as long as that takes (the soak pins a small bound to see it level off)."""
+    text = os.environ.get(CACHE_ENV, "").strip()
+    if text:
+        try:
+            mib = int(text)
+        except ValueError:
+            mib = -1
+        if mib < 0:
+            raise ConfigError(CACHE_ENV, f"{text!r} is not a whole number of MiB",
+                              "e.g. PODRACER_REPLAY_CACHE_MIB=512 (0 keeps no replay rows)")
+        return mib * 2**20
     return min(8 * 2**30, psutil.virtual_memory().available // 4)
 
 

@@ -11,7 +11,15 @@ import torch
 
 from agents.base import config_to_hparams
 from agents.build import resolve, resolve_config
-from agents.pod.continuity import EnvPool, ReplayCache, fit_rows, replay_rows, rows_bytes
+from agents.pod.continuity import (
+    CACHE_ENV,
+    EnvPool,
+    ReplayCache,
+    default_cache_bytes,
+    fit_rows,
+    replay_rows,
+    rows_bytes,
+)
 from agents.pod.learners import LearnerGroup, build_learners
 from agents.pod.runner import (
     ProcessWorker,
@@ -215,3 +223,14 @@ def test_process_worker_runs_rounds_like_a_thread_and_reports_bad_jobs() -> None
         assert short.result.env_steps < 10**6 and short.result.state is not None
     finally:
         worker.close()
+
+
+def test_the_replay_cache_bound_is_an_operator_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PODRACER_REPLAY_CACHE_MIB`` bounds the pod's replay cache; a bad value names it."""
+    monkeypatch.setenv(CACHE_ENV, "64")
+    assert default_cache_bytes() == 64 * 2**20
+    monkeypatch.setenv(CACHE_ENV, "lots")
+    with pytest.raises(ConfigError, match=CACHE_ENV):
+        default_cache_bytes()
+    monkeypatch.delenv(CACHE_ENV)
+    assert 0 < default_cache_bytes() <= 8 * 2**30
