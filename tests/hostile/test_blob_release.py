@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +21,12 @@ from broker.transports.memory import MemoryBroker
 from leaderboard import updater as updater_service
 from leaderboard.janitor import sweep_orphans
 from leaderboard.store import LeaderboardStore
-from tests.hostile.hostile_rig import Rig, make_rig
+from tests.hostile.hostile_rig import Rig
 from tests.hostile.test_services import ENV, PPO, alive_until, checkpoint, depth, ppo_state, stop
 from tests.issued import issue_for
 
 pytestmark = pytest.mark.timeout(180)
 
-
-@pytest.fixture(params=["memory", pytest.param("amqp", marks=pytest.mark.rabbitmq)])
-async def rig(request: pytest.FixtureRequest, experiment: str,
-              tmp_path: Path) -> AsyncIterator[Rig]:
-    url = "memory://" if request.param == "memory" else request.getfixturevalue("amqp_url")
-    async with make_rig(url, experiment, tmp_path) as opened:
-        yield opened
 
 
 def _blobs(root: Path) -> set[str]:

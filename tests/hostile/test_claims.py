@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from leaderboard import updater as updater_service
 from leaderboard.store import LeaderboardStore
 from orchestrator.policy import StopCondition
 from tests.hostile.hostile_cases import Case, packb, wire_of
-from tests.hostile.hostile_rig import Rig, make_rig
+from tests.hostile.hostile_rig import Rig
 from tests.hostile.test_services import ENV, PPO, alive_until, checkpoint, depth, ppo_state, stop
 from tests.issued import issue_for
 
@@ -35,13 +34,6 @@ pytestmark = pytest.mark.timeout(180)
 TARGET = -150.0
 """Far above what an untrained PPO agent scores on Pendulum (about -1200)."""
 
-
-@pytest.fixture(params=["memory", pytest.param("amqp", marks=pytest.mark.rabbitmq)])
-async def rig(request: pytest.FixtureRequest, experiment: str,
-              tmp_path: Path) -> AsyncIterator[Rig]:
-    url = "memory://" if request.param == "memory" else request.getfixturevalue("amqp_url")
-    async with make_rig(url, experiment, tmp_path) as opened:
-        yield opened
 
 
 async def test_a_forged_top_score_never_becomes_the_best_nor_stops_the_run(

@@ -11,7 +11,7 @@ dead-lettering is slower than the poll, as it is under load.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +23,13 @@ from broker.runtime.control import drain_until_idle
 from broker.runtime.service import ServiceContext
 from leaderboard.updater import PREFETCH
 from tests.hostile.hostile_cases import Case, wire_of
-from tests.hostile.hostile_rig import Rig, make_rig
+from tests.hostile.hostile_rig import Rig
 from tests.hostile.test_services import ENV, checkpoint, ppo_state
 
 pytestmark = pytest.mark.timeout(120)
 SLOW_S = 0.8
 """How long each dead-lettering takes: longer than the drain loop's poll (0.5 s)."""
 
-
-@pytest.fixture(params=["memory", pytest.param("amqp", marks=pytest.mark.rabbitmq)])
-async def rig(request: pytest.FixtureRequest, experiment: str,
-              tmp_path: Path) -> AsyncIterator[Rig]:
-    url = "memory://" if request.param == "memory" else request.getfixturevalue("amqp_url")
-    async with make_rig(url, experiment, tmp_path) as opened:
-        yield opened
 
 
 class SlowIterator:

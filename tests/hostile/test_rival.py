@@ -13,7 +13,6 @@ import asyncio
 import dataclasses
 import logging
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from broker.transports.memory import MemoryBroker
 from envs.registry import make_env
 from leaderboard import updater as updater_service
 from leaderboard.store import LeaderboardStore
-from tests.hostile.hostile_rig import Rig, make_rig
+from tests.hostile.hostile_rig import Rig
 from tests.hostile.test_services import ENV, alive_until, checkpoint, stop
 from tests.issued import issue_for
 
@@ -38,13 +37,6 @@ pytestmark = pytest.mark.timeout(240)
 SAC = {"num_envs": 1, "hidden_size": 16, "batch_size": 32, "buffer_size": 256}
 _MEASURED = re.compile(r"checkpoint (\S+) re-evaluated: claimed \S+, measured (\S+)")
 
-
-@pytest.fixture(params=["memory", pytest.param("amqp", marks=pytest.mark.rabbitmq)])
-async def rig(request: pytest.FixtureRequest, experiment: str,
-              tmp_path: Path) -> AsyncIterator[Rig]:
-    url = "memory://" if request.param == "memory" else request.getfixturevalue("amqp_url")
-    async with make_rig(url, experiment, tmp_path) as opened:
-        yield opened
 
 
 def sac_state(seed: int) -> dict[str, torch.Tensor]:
