@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pika
@@ -18,23 +17,10 @@ from transport_helpers import next_within, nothing_within
 
 from broker.core.schemas import Heartbeat
 from broker.core.topology import Topology
-from broker.runtime.lifecycle import Management
-from broker.runtime.users import ROLES, remove_users, role_url, setup_users
 from broker.transports.connect import connect
 from broker.transports.senders import impersonation, login_user, role_of
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def urls(amqp_url: str, experiment: str) -> Iterator[dict[str, str]]:
-    """Broker URL per role for ``experiment``; the users are removed afterwards."""
-    management = Management.of(amqp_url)
-    made = setup_users(management, experiment)
-    try:
-        yield {c.role: role_url(amqp_url, c) for c in made}
-    finally:
-        assert len(remove_users(management, experiment)) == len(ROLES)
 
 
 @pytest.mark.rabbitmq

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,28 +18,12 @@ from transport_helpers import make_checkpoint, make_init, next_within
 from broker.core.errors import ConnectionClosed, PublishError
 from broker.core.schemas import Checkpoint, Heartbeat, Initialization, Stop
 from broker.core.topology import Topology
-from broker.runtime.lifecycle import Management
 from broker.runtime.users import (
-    ROLES,
-    remove_users,
     role_permissions,
-    role_url,
-    setup_users,
 )
 from broker.transports.connect import connect
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(90)]
-
-
-@pytest.fixture
-def urls(amqp_url: str, experiment: str) -> Iterator[dict[str, str]]:
-    """Broker URL per role for ``experiment``; the users are removed afterwards."""
-    management = Management.of(amqp_url)
-    made = setup_users(management, experiment)
-    try:
-        yield {c.role: role_url(amqp_url, c) for c in made}
-    finally:
-        assert len(remove_users(management, experiment)) == len(ROLES)
 
 
 def test_permissions_name_only_this_experiment() -> None:

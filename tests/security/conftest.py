@@ -1,0 +1,21 @@
+"""The security suite's per-role RabbitMQ users."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from broker.runtime.lifecycle import Management
+from broker.runtime.users import ROLES, remove_users, role_url, setup_users
+
+
+@pytest.fixture
+def urls(amqp_url: str, experiment: str) -> Iterator[dict[str, str]]:
+    """Broker URL per role for ``experiment``; the users are removed afterwards."""
+    management = Management.of(amqp_url)
+    made = setup_users(management, experiment)
+    try:
+        yield {c.role: role_url(amqp_url, c) for c in made}
+    finally:
+        assert len(remove_users(management, experiment)) == len(ROLES)
