@@ -6,22 +6,26 @@ head and its ancestors (through branches too: a branch starts from its parent's
 weights, so the score curve runs on through it), on an axis of training seconds
 (the rounds' wall times summed). ``Planner.next`` decides the next round in two steps.
 
-1. **Algorithm, by measured improvement per second** (``shares``). A lineage's *rate*
-   is the least-squares slope of its history's last ``window`` scores against training
-   seconds; an algorithm's rate is the best rate among its ``members`` best heads. An
-   algorithm without a rate yet (no lineage with two evaluations) gets its mix weight:
-   it is measured before it is judged, however long that takes, and no fixed warm-up
-   is needed. Once measured, every algorithm keeps a floor of ``min_share`` (times its
-   mix weight relative to the others) so the mix stays alive, and the rest of the
-   rounds is split in proportion to the rates (negative counts as 0); when no
-   algorithm improves, the one holding the best checkpoint takes the rest. So an
-   algorithm that leads early on cheap steps and then flattens (PPO) hands its rounds
-   to one that starts slower and keeps rising (SAC) as soon as their rates cross, and
-   a starved algorithm is not judged on the time it waited: rates count its own
-   training seconds. The round goes to the algorithm furthest below its share of the
-   recent rounds (deficit round robin over counts that decay by ``RECENT_DECAY`` per
-   round, so a change of shares takes effect at once rather than after the old
-   surplus is paid back).
+1. **Algorithm, by its prospect** (``shares``). An algorithm's *curve* is its best
+   score so far (over all its lineages) against the training seconds it has had (its
+   rounds' wall times summed, in the order they came back); its *rate* is that curve's
+   rise over its last ``window`` evaluations per training second, and its *prospect* is
+   where the curve would be after another ``ready_s`` at that rate: its best plus
+   ``rate * ready_s``. The curve never falls, so a round that scores below an earlier one
+   (common on MuJoCo: Hopper's SAC went 202, then 15) costs the algorithm no share; it
+   only stops adding to it. An algorithm with fewer than two checkpoints gets its mix
+   weight: it is measured before it is judged, however long that takes, and no fixed
+   warm-up is needed. Once measured, every algorithm keeps a floor of ``min_share``
+   (times its mix weight relative to the others) so the mix stays alive, and the rest of
+   the rounds goes to the algorithm with the highest prospect. So an algorithm that
+   leads early on cheap steps and then flattens (PPO) hands its rounds to one that starts
+   slower and keeps rising (SAC) as soon as the riser's prospect passes the leader's
+   best, and an algorithm that holds the best score keeps the rounds unless another one
+   rises fast enough to pass it within ``ready_s``. A starved algorithm is not judged on
+   the time it waited: its curve counts its own training seconds. The round goes to the
+   algorithm furthest below its share of the recent rounds (deficit round robin over
+   counts that decay by ``RECENT_DECAY`` per round, so a change of shares takes effect at
+   once rather than after the old surplus is paid back).
 2. **Lineage, within the algorithm**:
 
    * no checkpoint yet, or with probability ``explore_p``: a *fresh* lineage (tuned
@@ -76,7 +80,7 @@ class PopulationConfig:
     """Training seconds a lineage gets after it starts or branches before it is judged."""
     min_share: float = 0.15
     """Floor of the rounds every algorithm keeps once measured (times its mix weight
-    relative to the others); the rest follows the measured improvement per second."""
+    relative to the others); the rest goes to the best prospect (module doc)."""
     explore_p: float = 0.0
     """Probability that a round starts a fresh lineage with sampled hyperparameters."""
     window: int = 4
@@ -124,16 +128,15 @@ class _Issued:
     at: float
 
 
-def shares(mix: Mapping[str, float], rates: Mapping[str, float | None],
-           best: Mapping[str, float], min_share: float) -> dict[str, float]:
-    """Share of rounds per algorithm (module doc, step 1). ``rates`` maps an algorithm to
-    its improvement per training second (``None`` or absent: not measured yet); ``best``
-    maps algorithms with a checkpoint to their best score."""
+def shares(mix: Mapping[str, float], prospects: Mapping[str, float | None],
+           min_share: float) -> dict[str, float]:
+    """Share of rounds per algorithm (module doc, step 1). ``prospects`` maps an algorithm
+    to its prospect (``None`` or absent: not measured yet)."""
     total = sum(mix.values())
     weights = {a: w / total for a, w in mix.items()}
     if len(mix) == 1:
         return weights
-    out = {a: w for a, w in weights.items() if rates.get(a) is None}
+    out = {a: w for a, w in weights.items() if prospects.get(a) is None}
     measured = [a for a in mix if a not in out]
     if not measured:
         return weights
@@ -142,14 +145,32 @@ def shares(mix: Mapping[str, float], rates: Mapping[str, float | None],
     pot = left - sum(floors.values())
     if pot <= 0.0:  # floors too large to leave anything to earn: the mix
         return weights
-    gains = {a: max(0.0, rates[a] or 0.0) for a in measured}
-    earned = sum(gains.values())
-    if earned > 0.0:
-        return {**out, **{a: floors[a] + pot * gains[a] / earned for a in measured}}
-    # nobody improves: the leader takes the rest (ties to the mix's order)
-    order = list(mix)
-    leader = max(measured, key=lambda a: (best.get(a, -math.inf), -order.index(a)))
+    order = list(mix)  # ties go to the mix's order
+    leader = max(measured, key=lambda a: (prospects[a] or 0.0, -order.index(a)))
     return {**out, **{a: floors[a] + (pot if a == leader else 0.0) for a in measured}}
+
+
+def cost(entry: Entry, by_steps: bool) -> float:
+    """The training behind ``entry``: env steps (``by_steps``) or wall seconds."""
+    return float(entry.env_steps) if by_steps else entry.wall_time
+
+
+def prospect(entries: Sequence[Entry], window: int, horizon: float,
+             by_steps: bool = False) -> float | None:
+    """An algorithm's prospect from its checkpoints (module doc, step 1): its best score
+    plus the rise of its best-so-far curve over the last ``window`` evaluations, per unit
+    of training, times ``horizon`` (``None``: fewer than two checkpoints)."""
+    if len(entries) < 2:
+        return None
+    clock, best = 0.0, -math.inf
+    curve: list[tuple[float, float]] = []
+    for entry in sorted(entries, key=lambda e: (e.created, e.id)):
+        clock += cost(entry, by_steps)
+        best = max(best, entry.score_mean)
+        curve.append((clock, best))
+    (t0, b0), (t1, b1) = curve[-min(window, len(curve))], curve[-1]
+    rate = (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+    return b1 + rate * horizon
 
 
 def slope(points: Sequence[tuple[float, float]]) -> float | None:
@@ -219,13 +240,8 @@ class Family:
         return out
 
     def cost(self, entry: Entry) -> float:
-        """The training behind ``entry``: env steps (``by_steps``) or wall seconds."""
-        return float(entry.env_steps) if self.by_steps else entry.wall_time
-
-    def rate(self, checkpoint_id: str, window: int) -> float | None:
-        """Improvement per training second of the history ending at ``checkpoint_id``
-        over its last ``window`` evaluations (``None``: fewer than two)."""
-        return slope([(t, e.score_mean) for t, e in self.history(checkpoint_id, window)])
+        """The training behind ``entry`` (``cost``)."""
+        return cost(entry, self.by_steps)
 
     def improving(self, checkpoint_id: str, window: int, episodes: int) -> bool:
         """Whether the history ending at ``checkpoint_id`` gained, over its last
@@ -291,18 +307,10 @@ class Planner:
 
     def allocation(self) -> dict[str, float]:
         """The share of rounds each algorithm gets now (module doc, step 1)."""
-        rates: dict[str, float | None] = {}
-        best: dict[str, float] = {}
-        for name in self.mix:
-            entries = self.store.top(1_000_000, algorithm=name)
-            if not entries:
-                continue
-            best[name] = entries[0].score_mean
-            family = Family(entries, self.config.by_steps)
-            measured = [r for h in family.heads[:self.config.members]
-                        if (r := family.rate(h.id, self.config.window)) is not None]
-            rates[name] = max(measured) if measured else None
-        return shares(self.mix, rates, best, self.config.min_share)
+        cfg = self.config
+        prospects = {name: prospect(self.store.top(1_000_000, algorithm=name), cfg.window,
+                                    cfg.ready_s, cfg.by_steps) for name in self.mix}
+        return shares(self.mix, prospects, cfg.min_share)
 
     def _algorithm(self) -> str:
         share = self.allocation()

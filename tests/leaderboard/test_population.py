@@ -1,4 +1,4 @@
-"""The planner: shares from measured improvement per second, readiness, replacement of
+"""The planner: shares from each algorithm's prospect, readiness, replacement of
 lineages that are behind and not improving (Welch-gated), branching."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from broker.core.errors import ConfigError
 from broker.core.schemas import Checkpoint
-from leaderboard.population import Family, Plan, Planner, PopulationConfig, shares
+from leaderboard.population import Family, Plan, Planner, PopulationConfig, prospect, shares
 from leaderboard.selection import Tournament
 from leaderboard.store import LeaderboardStore
 
@@ -47,20 +47,16 @@ def _planner(store: LeaderboardStore, mix: dict[str, float] | None = None,
                    random.Random(0), lost_after_s=600.0)
 
 
-def test_shares_follow_the_mix_until_measured_then_the_rates() -> None:
-    # td3 not measured yet: it keeps its mix share; the others split the rest by rate
-    part = shares(MIX, {"ppo": 1.0, "sac": 3.0}, {"ppo": 5.0, "sac": 1.0}, 0.15)
-    assert part["td3"] == pytest.approx(1 / 3)
-    assert part["ppo"] == pytest.approx(0.15 + (2 / 3 - 0.3) * 0.25)
-    assert part["sac"] == pytest.approx(0.15 + (2 / 3 - 0.3) * 0.75)
-    assert shares(MIX, {}, {}, 0.15) == pytest.approx(dict.fromkeys(MIX, 1 / 3))
-    rated = shares(MIX, {"ppo": 0.0, "sac": 4.0, "td3": -2.0}, {}, 0.15)
-    assert rated == pytest.approx({"ppo": 0.15, "sac": 0.7, "td3": 0.15})  # negative = 0
-    # nobody improves: the leader takes the rest
-    flat = shares(MIX, {"ppo": 0.0, "sac": -1.0, "td3": 0.0}, {"ppo": 1.0, "sac": 5.0,
-                                                               "td3": 2.0}, 0.15)
-    assert flat == pytest.approx({"ppo": 0.15, "sac": 0.7, "td3": 0.15})
-    weighted = shares({"ppo": 2.0, "sac": 1.0}, {"ppo": 0.0, "sac": 1.0}, {}, 0.15)
+def test_shares_follow_the_mix_until_measured_then_the_best_prospect() -> None:
+    # td3 not measured yet: it keeps its mix share; the best prospect takes the rest
+    part = shares(MIX, {"ppo": 1.0, "sac": 3.0}, 0.15)
+    assert part == pytest.approx({"td3": 1 / 3, "ppo": 0.15, "sac": 2 / 3 - 0.15})
+    assert shares(MIX, {}, 0.15) == pytest.approx(dict.fromkeys(MIX, 1 / 3))
+    rated = shares(MIX, {"ppo": 0.0, "sac": 4.0, "td3": -2.0}, 0.15)
+    assert rated == pytest.approx({"ppo": 0.15, "sac": 0.7, "td3": 0.15})
+    tied = shares(MIX, {"ppo": 5.0, "sac": 5.0, "td3": 1.0}, 0.15)
+    assert tied == pytest.approx({"ppo": 0.7, "sac": 0.15, "td3": 0.15})  # the mix's order
+    weighted = shares({"ppo": 2.0, "sac": 1.0}, {"ppo": 0.0, "sac": 1.0}, 0.15)
     assert weighted == pytest.approx({"ppo": 0.2, "sac": 0.8})  # floor scaled by the weight
 
 
@@ -275,21 +271,37 @@ def test_a_lead_within_the_noise_takes_no_lineage_over(store: LeaderboardStore) 
     assert plan.parent is not None and plan.parent.id == "b3" and plan.reason == "continue"
 
 
-def test_the_rate_of_a_lineage_is_its_recent_slope_per_training_second(
+def test_a_prospect_is_the_best_so_far_plus_its_recent_rise(
         store: LeaderboardStore) -> None:
-    head = _curve(store, "sac", [0.0, 0.0, 0.0, 100.0, 200.0, 300.0, 400.0], wall=10.0)
-    family = Family(store.top(100, algorithm="sac"))
-    assert family.rate(head, 4) == pytest.approx(10.0)
-    assert family.rate("sac0", 4) is None  # one evaluation: not measured
+    _curve(store, "sac", [0.0, 0.0, 0.0, 100.0, 200.0, 300.0, 400.0], wall=10.0)
+    entries = store.top(100, algorithm="sac")
+    # the best-so-far curve rose 300 over its last 4 evaluations (30 s): 10 per second
+    assert prospect(entries, 4, 60.0) == pytest.approx(400.0 + 10.0 * 60.0)
+    assert prospect(entries[-1:], 4, 60.0) is None  # one evaluation: not measured
+    family = Family(entries)
+    head = "sac6"
     assert family.improving(head, 4, 16) and family.improving("sac0", 4, 16)
     assert not family.improving("sac2", 3, 16)
+
+
+def test_a_round_that_scores_below_an_earlier_one_costs_no_share(
+        store: LeaderboardStore) -> None:
+    # Hopper, measured: SAC's first lineage went 202 then 15 while PPO sat at a noisy 175.
+    # Judged by a lineage's slope, SAC fell to its floor and starved; its best so far
+    # still leads
+    _curve(store, "ppo", [170.0, 176.0, 172.0, 177.0])
+    _curve(store, "sac", [202.0, 15.0])
+    planner = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=1)
+    assert planner.allocation()["sac"] == pytest.approx(0.85)
 
 
 def test_reproducible_mode_counts_env_steps_not_seconds(store: LeaderboardStore) -> None:
     # the same history, stored with wall times that differ from run to run: counted in
     # env steps (100 per checkpoint) the lineage's training and rate do not change
     head = _curve(store, "sac", [0.0, 0.0, 0.0, 100.0, 200.0, 300.0, 400.0], wall=10.0)
-    by_steps = Family(store.top(100, algorithm="sac"), by_steps=True)
-    assert by_steps.rate(head, 4) == pytest.approx(1.0)  # 100 points per 100 steps
+    entries = store.top(100, algorithm="sac")
+    by_steps = Family(entries, by_steps=True)
+    # 100 points per 100 steps over the last 4 evaluations, times a horizon of 50 steps
+    assert prospect(entries, 4, 50.0, by_steps=True) == pytest.approx(450.0)
     assert by_steps.since(head) == pytest.approx(700.0)
     assert Family(store.top(100, algorithm="sac")).since(head) == pytest.approx(70.0)
