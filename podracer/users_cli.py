@@ -5,7 +5,8 @@ with ``--pods N`` one per pod.
   fresh passwords, for a compose ``.env`` file, and ``PODRACER_POD_<k>_USER`` /
   ``_PASSWORD`` for k = 1..N; with ``--secret-file`` it also writes the experiment's
   message secret there (if absent) and prints ``PODRACER_SECRET_PATH`` (the file
-  compose hands the services as a Docker secret).
+  compose hands the services as a Docker secret); with ``--compose-file`` it writes
+  the compose override that runs pod k as ``pod-<k>`` (``podracer.users_compose``).
 * ``setup`` (as a RabbitMQ administrator) creates or resets ``podracer-<exp>-<role>``
   for each role and ``podracer-<exp>-pod-<k>`` for each pod (``broker.runtime.users``
   says what each may do) and prints one broker URL per user; ``--passwords-from-env``
@@ -76,6 +77,13 @@ def cmd_env(args: argparse.Namespace) -> int:
         if not path.exists():
             write_secret_file(path)
         print(f"PODRACER_SECRET_PATH={path.resolve()}")
+    if args.compose_file:
+        from podracer.users_compose import pods_override_text
+
+        if not args.pods:
+            raise ConfigError("--compose-file", "no pod users to run",
+                              "give --pods N (the pods to run, each as its own user)")
+        Path(args.compose_file).write_text(pods_override_text(args.pods))
     return 0
 
 
@@ -146,6 +154,8 @@ def add_command(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> 
         if verb == "env":
             p.add_argument("--secret-file", help="write a new message secret here if absent "
                            "(default: none)")
+            p.add_argument("--compose-file", help="with --pods: write here a compose "
+                           "override running each pod as its own user (default: none)")
         else:
             p.add_argument("--management", help="management API base URL (default "
                                                 "http://<broker host>:15672)")
