@@ -68,6 +68,9 @@ def cmd_env(args: argparse.Namespace) -> int:
     from broker.runtime.users import new_password, user_name
 
     experiment = _experiment(args)
+    if args.compose_file and not args.pods:  # before a line goes to the .env
+        raise ConfigError("--compose-file", "no pod users to run",
+                          "give --pods N (the pods to run, each as its own user)")
     print(f"PODRACER_EXPERIMENT={experiment}")
     for role in _users(args):
         print(f"{_variable(role, 'USER')}={user_name(experiment, role)}")
@@ -80,9 +83,6 @@ def cmd_env(args: argparse.Namespace) -> int:
     if args.compose_file:
         from podracer.users_compose import pods_override_text
 
-        if not args.pods:
-            raise ConfigError("--compose-file", "no pod users to run",
-                              "give --pods N (the pods to run, each as its own user)")
         Path(args.compose_file).write_text(pods_override_text(args.pods))
     return 0
 

@@ -54,6 +54,11 @@ async def test_a_pod_user_sends_its_own_heartbeat_and_no_other_pods(
             await pod_a.publish_event(f"metrics.{a}", metrics)
             assert (await next_within(seen)).id == metrics.id
             assert await nothing_within(seen, 0.5)
+            # the weaker option, for contrast: the shared pod user passes for any pod-*
+            async with connect(urls["pod"], experiment=experiment) as shared:
+                forged = Heartbeat(experiment=experiment, pod="pod-7")
+                await shared.publish_event("heartbeat.pod-7", forged)
+                assert (await next_within(seen)).id == forged.id
         assert operator.event_drops.unauthenticated == 0  # type: ignore[attr-defined]
 
 
