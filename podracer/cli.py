@@ -208,6 +208,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from broker.runtime.supervise import run_supervised  # a crash restarts the service
+    from broker.runtime.users import pod_name
     from broker.transports.connect import connector
     from podracer.preflight import checked
     from podracer.roles import Wiring, service
@@ -218,6 +219,8 @@ def _serve(args: argparse.Namespace) -> int:
         return 0
     settings = ready
     name = settings.instance_name(args.role)
+    if args.role == "pod":  # a pod's own user may send heartbeats under its name only
+        name = pod_name(settings.broker, settings.experiment.name, settings.name) or name
     secret = secret_from_env()
     if secret is None and not args.insecure:
         raise ConfigError("PODRACER_SECRET_FILE", f"`serve {args.role}` has no secret to "
@@ -317,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", help="shared store directory (env PODRACER_STORE; "
                    "default: runs/<experiment>)")
     p.add_argument("--instance", help="instance name (env PODRACER_POD, default: "
-                   "<role>-<host>-<pid>)")
+                   "<role>-<host>-<pid>; a pod logged in as its own user: that user)")
     p.add_argument("--reevaluate", action="store_true",
                    help="updater: re-evaluate checkpoints instead of trusting pods")
     p.add_argument("--scaler", default=None, choices=SCALERS,

@@ -34,11 +34,18 @@ operator       everything of the experiment,     publishes ``control.*``; reads 
 and ``work`` exchanges may be created by generator, updater, orchestrator and
 operator. Nobody but the operator can delete another role's queue. Every message
 carries its sender's ``user_id``, which RabbitMQ checks against the login and
-subscribers check against the event's claims (``broker.transports.senders``). Limits:
-every pod shares the ``pod`` user, so a pod can send heartbeats under another pod's
-name (not a service's); a pod's name must start with ``pod-`` (the default and what the scalers
-give). A role's user can send dead letters to either dead-letter queue (``dlx`` is a
-direct exchange); nothing reads those automatically.
+subscribers check against the event's claims (``broker.transports.senders``).
+
+Pods: ``setup_users(..., pods=N)`` also makes ``podracer-<exp>-pod-<k>`` for k = 1..N,
+each allowed what the ``pod`` role is except on the events exchange, where it may
+publish ``heartbeat.<its user>`` and ``metrics.<its user>`` only; a pod logged in as
+one is named after its user (``pod_name``), so RabbitMQ itself refuses it another
+pod's heartbeat. The shared ``pod`` user stays for a one-user setup, the weaker
+option: it may publish ``heartbeat.pod-*``, so pods sharing it can send heartbeats
+under each other's names (not a service's), and their names must start with ``pod-``
+(the default and what the scalers give). A role's user can send dead letters to
+either dead-letter queue (``dlx`` is a direct exchange); nothing reads those
+automatically.
 """
 
 from __future__ import annotations
@@ -47,11 +54,12 @@ import re
 import secrets
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from broker.core.errors import BrokerError, ConfigError
 from broker.core.topology import ROLES, Topology
 from broker.runtime.lifecycle import Management
+from broker.transports.senders import is_pod_user, login_user
 
 _NOTHING = "^$"
 
@@ -77,7 +85,8 @@ class RolePermissions:
 
 @dataclass(frozen=True)
 class Credentials:
-    """A created user: role, user name and password."""
+    """A created user: who (a role, or ``pod-<k>`` for a pod's own user), user name and
+    password."""
 
     role: str
     user: str
@@ -136,9 +145,40 @@ def role_permissions(experiment: str, role: str) -> RolePermissions:
     raise ConfigError("--roles", f"unknown role {role!r}", f"use {', '.join(ROLES)}")
 
 
+def pod_permissions(experiment: str, user: str) -> RolePermissions:
+    """The permissions of the pod user ``user``: the ``pod`` role's, but on the events
+    exchange only its own heartbeats and metrics (``heartbeat.<user>``)."""
+    shared = role_permissions(experiment, "pod")
+    return replace(shared, events_write=f"^(heartbeat|metrics)\\.{re.escape(user)}$")
+
+
 def user_name(experiment: str, role: str) -> str:
     """The RabbitMQ user of ``role`` in ``experiment``."""
     return f"podracer-{Topology(experiment).experiment}-{role}"
+
+
+def pod_users(pods: int) -> list[str]:
+    """``pod-1`` .. ``pod-<pods>``: labels of pod users (an experiment's are named
+    ``user_name(experiment, label)``)."""
+    if pods < 0:
+        raise ConfigError("--pods", f"{pods} pod users", "give 0 or more")
+    return [f"pod-{k}" for k in range(1, pods + 1)]
+
+
+def pod_name(broker_url: str, experiment: str, configured: str) -> str | None:
+    """The name a pod must run under when ``broker_url`` logs in as a pod's own user:
+    that user (the only heartbeat key RabbitMQ lets it publish); ``None`` for any other
+    login. ``ConfigError`` if ``configured`` (``--instance``, ``PODRACER_POD``) names
+    another pod."""
+    user = login_user(broker_url)
+    if not is_pod_user(user, Topology(experiment)):
+        return None
+    if configured and configured != user:
+        raise ConfigError("PODRACER_POD", f"pod {configured!r} logs in as {user}, which "
+                          f"may send heartbeats only as {user!r}",
+                          "leave --instance and PODRACER_POD unset (the pod is named after "
+                          f"its user) or set them to {user}")
+    return user
 
 
 def new_password() -> str:
@@ -147,15 +187,18 @@ def new_password() -> str:
 
 
 def setup_users(management: Management, experiment: str, roles: tuple[str, ...] = ROLES,
-                passwords: Mapping[str, str] | None = None) -> list[Credentials]:
-    """Create or reset the user of each of ``roles`` with its password in ``passwords``
-    (default: a new one) and its permissions (``BrokerError`` if the API refuses: the
-    admin URL needs the ``administrator`` tag)."""
+                passwords: Mapping[str, str] | None = None, pods: int = 0
+                ) -> list[Credentials]:
+    """Create or reset the user of each of ``roles`` and of ``pods`` pods (``pod-1``..)
+    with its password in ``passwords`` (by role or ``pod-<k>``; default: a new one) and
+    its permissions (``BrokerError`` if the API refuses: the admin URL needs the
+    ``administrator`` tag)."""
     topology = Topology(experiment)
     made = []
-    for role in roles:
-        perms = role_permissions(experiment, role)
+    for role in (*roles, *pod_users(pods)):
         user = user_name(experiment, role)
+        perms = (role_permissions(experiment, role) if role in ROLES
+                 else pod_permissions(experiment, user))
         password = (passwords or {}).get(role) or new_password()
         path = urllib.parse.quote(user, safe="")
         management.call("PUT", f"users/{path}", {"password": password, "tags": perms.tags})
@@ -170,11 +213,17 @@ def setup_users(management: Management, experiment: str, roles: tuple[str, ...] 
 
 
 def remove_users(management: Management, experiment: str,
-                 roles: tuple[str, ...] = ROLES) -> list[str]:
-    """Delete the users of ``roles`` in ``experiment``; returns those that existed."""
+                 roles: tuple[str, ...] = ROLES, pods: bool = True) -> list[str]:
+    """Delete the users of ``roles`` in ``experiment`` and, with ``pods``, every pod's
+    own user of it (however many were made); returns those that existed."""
+    topology = Topology(experiment)
+    users = [user_name(experiment, role) for role in roles]
+    if pods:
+        listed = management.call("GET", "users?columns=name") or []
+        users += sorted((str(u.get("name")) for u in listed
+                         if is_pod_user(str(u.get("name")), topology)), key=_pod_number)
     removed = []
-    for role in roles:
-        user = user_name(experiment, role)
+    for user in users:
         try:
             management.call("DELETE", "users/" + urllib.parse.quote(user, safe=""))
         except BrokerError as exc:
@@ -183,6 +232,10 @@ def remove_users(management: Management, experiment: str,
             continue
         removed.append(user)
     return removed
+
+
+def _pod_number(user: str) -> int:
+    return int(user.rsplit("-", 1)[1])
 
 
 def role_url(admin_url: str, credentials: Credentials) -> str:

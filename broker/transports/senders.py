@@ -12,17 +12,21 @@ that user could not make:
   restrict (a pod may publish ``heartbeat.pod-*`` only);
 * a ``Heartbeat`` sent by a role's user (``podracer-<exp>-<role>``) must say that role:
   the pod user cannot pass for the updater;
+* a ``Heartbeat`` or ``Metrics`` sent by a pod's own user (``podracer-<exp>-pod-<k>``,
+  a ``pod`` role user) must name that user as its sender (RabbitMQ already refuses it
+  any other routing key);
 * a subscriber that itself logged in as a role's user expects every event from a
   role's user of its experiment: one without ``user_id`` or from another user (guest,
   an outside client) is dropped.
 
-What remains: every pod shares the ``pod`` user, so one pod can still send heartbeats
-under another pod's name (``heartbeat.pod-7`` from pod-3); telling pods apart would
-take one RabbitMQ user per pod. The memory transport has no users (one process).
+What remains: pods sharing the ``pod`` user can still send heartbeats under each
+other's names (``heartbeat.pod-7`` from pod-3); pods logged in as their own users
+cannot. The memory transport has no users (one process).
 """
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 
 from broker.core.schemas import Heartbeat, Message, Metrics
@@ -39,12 +43,26 @@ def login_user(url: str) -> str | None:
 
 
 def role_of(user: str | None, topology: Topology) -> str | None:
-    """The role whose user ``user`` is in ``topology``'s experiment, if it is one."""
+    """The role whose user ``user`` is in ``topology``'s experiment, if it is one (a
+    pod's own user is of the ``pod`` role)."""
     prefix = f"podracer-{topology.experiment}-"
     if user is None or not user.startswith(prefix):
         return None
+    if is_pod_user(user, topology):
+        return "pod"
     role = user[len(prefix):]
     return role if role in ROLES else None
+
+
+def is_pod_user(user: str | None, topology: Topology) -> bool:
+    """Whether ``user`` is a pod's own user of ``topology``'s experiment
+    (``podracer-<exp>-pod-<k>``, k >= 1)."""
+    prefix = f"podracer-{topology.experiment}-pod-"
+    return (user is not None and user.startswith(prefix)
+            and _NUMBER.fullmatch(user[len(prefix):]) is not None)
+
+
+_NUMBER = re.compile(r"[1-9][0-9]*")
 
 
 def impersonation(msg: Message, routing_key: str, user_id: str | None,
@@ -60,4 +78,6 @@ def impersonation(msg: Message, routing_key: str, user_id: str | None,
             return f"claims to be {msg.pod!r} on routing key {routing_key!r}"
         if isinstance(msg, Heartbeat) and sender not in (None, "operator", msg.role):
             return f"heartbeat claims role {msg.role!r} but was sent by the {sender} user"
+        if is_pod_user(user_id, topology) and msg.pod != user_id:
+            return f"claims to be {msg.pod!r} but was sent by {user_id}"
     return None

@@ -1,4 +1,4 @@
-"""The security suite's per-role RabbitMQ users."""
+"""The security suite's per-role and per-pod RabbitMQ users."""
 
 from __future__ import annotations
 
@@ -19,3 +19,16 @@ def urls(amqp_url: str, experiment: str) -> Iterator[dict[str, str]]:
         yield {c.role: role_url(amqp_url, c) for c in made}
     finally:
         assert len(remove_users(management, experiment)) == len(ROLES)
+
+
+@pytest.fixture
+def pod_urls(urls: dict[str, str], amqp_url: str, experiment: str
+             ) -> Iterator[dict[str, str]]:
+    """Broker URL of ``pod-1`` and ``pod-2``, each logged in as its own pod user (next to
+    the role users of ``urls``); removed afterwards."""
+    management = Management.of(amqp_url)
+    made = setup_users(management, experiment, roles=(), pods=2)
+    try:
+        yield {c.role: role_url(amqp_url, c) for c in made}
+    finally:
+        assert len(remove_users(management, experiment, roles=())) == 2

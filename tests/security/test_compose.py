@@ -174,3 +174,66 @@ def test_compose_config_binds_published_ports_to_localhost(compose_cli: str) -> 
     env = config["services"]["rabbitmq"]["environment"]
     assert env["RABBITMQ_DEFAULT_USER"] == "ops"
     assert env["RABBITMQ_DEFAULT_PASS"] == "s3cret-for-test"
+
+
+def test_each_pod_of_the_pods_override_is_the_pod_service_as_its_own_user(
+    compose: dict[str, Any],
+) -> None:
+    from podracer.users_compose import pods_override
+
+    def without_login(service: dict[str, Any]) -> dict[str, Any]:
+        env = {k: v for k, v in environment(service).items() if k != "PODRACER_BROKER"}
+        deploy = {k: v for k, v in service["deploy"].items() if k != "replicas"}
+        return {**service, "environment": env, "deploy": deploy}
+
+    base = compose["services"]["pod"]
+    services = pods_override(2)["services"]
+    assert set(services) == {"users", "pod", "pod-1", "pod-2"}
+    for k in (1, 2):
+        pod = services[f"pod-{k}"]
+        assert without_login(pod) == without_login(base), k  # the base service, spelled out
+        assert pod["deploy"]["replicas"] == 1
+        user, password = re.findall(r"\$\{[^}]*\}", environment(pod)["PODRACER_BROKER"])[:2]
+        for part, what in ((user, "USER"), (password, "PASSWORD")):
+            required = REQUIRED.fullmatch(part)
+            assert required and required["var"] == f"PODRACER_POD_{k}_{what}", part
+    assert services["pod"]["deploy"]["replicas"] == 0  # what a Swarm reads
+    assert services["users"]["command"][-2:] == ["--pods", "2"]
+
+
+def test_compose_config_runs_each_pod_as_the_user_users_env_made(
+    compose_cli: str, tmp_path: Path,
+) -> None:
+    """``podracer users env --pods 2 --compose-file`` -> ``docker-compose config`` with
+    both files: pod-1 and pod-2 log in as their own users, the shared pod service is
+    off, and the users service makes the pod users with the passwords of the .env."""
+    import sys
+
+    pods = tmp_path / "docker-compose.pods.yml"
+    done = subprocess.run(
+        [sys.executable, "-m", "podracer", "users", "env", "--name", "pendulum", "--pods", "2",
+         "--secret-file", str(tmp_path / "secret"), "--compose-file", str(pods)],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    env = dict(line.split("=", 1) for line in done.stdout.splitlines())
+    clean = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"),
+             "PODRACER_RABBITMQ_USER": "ops", "PODRACER_RABBITMQ_PASSWORD": "pw", **env}
+
+    def config(variables: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([compose_cli, "-f", str(COMPOSE), "-f", str(pods), "config"],
+                              capture_output=True, text=True, env=variables, timeout=60,
+                              check=False, cwd=COMPOSE.parent)
+
+    done = config(clean)
+    assert done.returncode == 0, done.stderr
+    services = yaml.safe_load(done.stdout)["services"]
+    for k in (1, 2):
+        url = services[f"pod-{k}"]["environment"]["PODRACER_BROKER"]
+        assert url == (f"amqp://podracer-pendulum-pod-{k}:{env[f'PODRACER_POD_{k}_PASSWORD']}"
+                       "@rabbitmq:5672/")
+        assert services["users"]["environment"][f"PODRACER_POD_{k}_PASSWORD"] == \
+            env[f"PODRACER_POD_{k}_PASSWORD"]
+    assert services["pod"]["profiles"] == ["shared-pod-user"]
+    assert services["users"]["command"] == ["--name", "pendulum", "--pods", "2"]
+    missing = config({k: v for k, v in clean.items() if k != "PODRACER_POD_2_PASSWORD"})
+    assert missing.returncode != 0 and "PODRACER_POD_2_PASSWORD" in missing.stderr

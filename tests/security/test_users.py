@@ -89,8 +89,9 @@ async def test_each_role_does_its_job_and_a_pod_nothing_else(
 
 
 def test_users_commands_as_documented(amqp_url: str, experiment: str, tmp_path: Path) -> None:
-    """``users env`` -> ``users setup --passwords-from-env`` -> the pod logs in with the
-    password from the env file -> ``users remove`` (docs/security.md)."""
+    """``users env --pods 2`` -> ``users setup --pods 2 --passwords-from-env`` -> the
+    shared pod user and pod 2's own user log in with the passwords from the env file ->
+    ``users remove`` deletes all 7 (docs/security.md)."""
     import os
     import subprocess
 
@@ -104,20 +105,24 @@ def test_users_commands_as_documented(amqp_url: str, experiment: str, tmp_path: 
         return done.stdout
 
     secret = tmp_path / "podracer.secret"
-    lines = podracer("env", "--name", experiment, "--secret-file", str(secret))
+    lines = podracer("env", "--name", experiment, "--pods", "2", "--secret-file", str(secret))
     env = dict(line.split("=", 1) for line in lines.splitlines())
     assert env["PODRACER_EXPERIMENT"] == experiment
     assert env["PODRACER_SECRET_PATH"] == str(secret.resolve())
     assert secret.stat().st_mode & 0o777 == 0o600
     assert env["PODRACER_POD_USER"] == f"podracer-{experiment}-pod"
+    assert env["PODRACER_POD_2_USER"] == f"podracer-{experiment}-pod-2"
+    assert "PODRACER_POD_3_USER" not in env
     try:
-        printed = podracer("setup", "--broker", amqp_url, "--name", experiment,
+        printed = podracer("setup", "--broker", amqp_url, "--name", experiment, "--pods", "2",
                            "--passwords-from-env", env=env)
         assert f":{env['PODRACER_POD_PASSWORD']}@" in printed
-        params = pika.URLParameters(amqp_url)
-        params.credentials = pika.PlainCredentials(env["PODRACER_POD_USER"],
-                                                   env["PODRACER_POD_PASSWORD"])
-        pika.BlockingConnection(params).close()
+        assert f"podracer-{experiment}-pod-2:{env['PODRACER_POD_2_PASSWORD']}@" in printed
+        for who in ("POD", "POD_2"):
+            params = pika.URLParameters(amqp_url)
+            params.credentials = pika.PlainCredentials(env[f"PODRACER_{who}_USER"],
+                                                       env[f"PODRACER_{who}_PASSWORD"])
+            pika.BlockingConnection(params).close()
     finally:
-        assert "removed 5 user(s)" in podracer("remove", "--broker", amqp_url,
+        assert "removed 7 user(s)" in podracer("remove", "--broker", amqp_url,
                                                "--name", experiment)
