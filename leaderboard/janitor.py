@@ -8,7 +8,9 @@ with a failing node redelivers the message, which must still find its blob (hand
 out and acking a claim-checked message touch its blob instead:
 ``broker.transports.wire.keep_claimed``). Nor is anything released when a message never
 reaches an ack: the updater refuses the checkpoint, the message is dead-lettered, a
-queue is purged, or it expires with its queue. Two things release blobs:
+queue is purged, or it expires with its queue. A rival result that replaces a stored
+one (``leaderboard.claims``) leaves the replaced state unreferenced but in use: rounds
+issued from it may still wait in the queue. Two things release blobs:
 
 * ``release_refused``: the updater deletes a refused checkpoint's state blob at once,
   unless a stored checkpoint shares those bytes (the refused copy's dead letter then
