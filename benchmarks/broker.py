@@ -111,8 +111,7 @@ async def bench_podracer(url: str, size: int, count: int, window: int, prefetch:
     """Podracer transport: Checkpoint messages through the codec, same pattern; signed
     and checked with a secret when ``auth``, else insecure (no MAC)."""
     experiment = f"bench-{uuid.uuid4().hex[:6]}"
-    # one distinct message each (own id, own tensor): an acked claim deletes its blob,
-    # so messages sharing one blob would lose it after the first ack
+    # one distinct message each (own id, own tensor), as a run sends them: one blob each
     messages = [Checkpoint(experiment=experiment, init_id="i", pod="bench", algorithm="ppo",
                            env="bench", hparams={"lr": 3e-4},
                            state={"w": torch.full((size // 4,), float(i), dtype=torch.float32)},

@@ -3,22 +3,29 @@
 Two kinds of blob share the store root (``broker.core.blobstore``): a checkpoint's state
 (``Checkpoint.state_ref``: the pod writes it before it publishes, and it becomes the
 leaderboard entry's blob when the checkpoint is accepted) and a claim-checked message
-body (deleted when its delivery is acked). Neither is released when a message never
+body. Acking a delivery deletes neither: a ``basic.ack`` is not confirmed, and one lost
+with a failing node redelivers the message, which must still find its blob (handing
+out and acking a claim-checked message touch its blob instead:
+``broker.transports.wire.keep_claimed``). Nor is anything released when a message never
 reaches an ack: the updater refuses the checkpoint, the message is dead-lettered, a
-queue is purged, or it expires with its queue. Two things release them:
+queue is purged, or it expires with its queue. A rival result that replaces a stored
+one (``leaderboard.claims``) leaves the replaced state unreferenced but in use: rounds
+issued from it may still wait in the queue. Two things release blobs:
 
 * ``release_refused``: the updater deletes a refused checkpoint's state blob at once,
   unless a stored checkpoint shares those bytes (the refused copy's dead letter then
   holds only the metadata and the reason; requeued, it is refused for its missing
   state).
 * ``sweep_orphans``: every ``SWEEP_EVERY_S`` the updater deletes the blobs that no
-  stored checkpoint references and that nobody wrote or re-sent for ``ORPHAN_AGE_S``,
-  while its own queue holds no ready message (a blob of a message still waiting is
-  younger than that unless the updater was away longer; a re-sent blob is touched by
-  ``FileBlobStore.put``). A blob only an issued round refers to is always a stored
-  checkpoint's (a round continues a parent entry), so the rows are the whole set of
-  references. A dead letter older than ``ORPHAN_AGE_S`` keeps its headers and reason
-  but may lose its claim-checked body.
+  stored checkpoint references and that nobody wrote, re-sent, received or acked for
+  ``ORPHAN_AGE_S``, while its own queue holds no ready message (a blob of a message
+  still waiting is younger than that unless the updater was away longer; a re-sent
+  blob is touched by ``FileBlobStore.put``). A redelivery after a lost ack comes
+  within seconds of the ack (the queue elects a new leader), far inside that grace. A
+  blob only an issued round refers to is always a stored checkpoint's (a round
+  continues a parent entry), so the rows are the whole set of references. A dead
+  letter older than ``ORPHAN_AGE_S`` keeps its headers and reason but may lose its
+  claim-checked body.
 """
 
 from __future__ import annotations

@@ -255,9 +255,9 @@ class LeaderboardStore:
                 raise
         entry = self.get(checkpoint.id)
         assert entry is not None, "a committed row must be readable"
-        if existing is not None and existing.blob.sha256 != ref.sha256 and not self.query(
-                "SELECT 1 FROM checkpoints WHERE blob_sha256 = ?", (existing.blob.sha256,)):
-            self.blobs.delete(existing.blob.sha256)  # the replaced result's state
+        # A replaced result's state is left to the orphan sweep (leaderboard.janitor), not
+        # deleted now: the generator may have issued rounds that continue it (their
+        # state_ref names this blob) and they must still read it from the queue.
         if added:
             log.debug("stored checkpoint %s (%s, score %.4g)", entry.id, entry.algorithm,
                       entry.score_mean)

@@ -104,8 +104,13 @@ class BlobStore(Protocol):
         ...
 
     def delete(self, sha256: str) -> int:
-        """Remove a blob (retention, a released claim check); the bytes freed, 0 if it
-        was not there. A failure is logged, never raised: the blob is only kept."""
+        """Remove a blob (retention, a refused state, an old orphan); the bytes freed, 0
+        if it was not there. A failure is logged, never raised: the blob is only kept."""
+        ...
+
+    def touch(self, sha256: str) -> bool:
+        """Mark a blob as in use now, so the orphan sweep (by age) keeps it for another
+        grace period; False if it is not there or cannot be touched."""
         ...
 
     def exists(self, ref: BlobRef) -> bool:
@@ -153,9 +158,7 @@ class FileBlobStore:
         ref = BlobRef.of(hashlib.sha256(view).hexdigest(), view.nbytes)
         path = self.path_of(ref.sha256)
         if path.is_file() and path.stat().st_size == ref.size:
-            # a fresh use of old bytes: the orphan sweep (leaderboard.janitor) goes by age
-            with contextlib.suppress(OSError):
-                os.utime(path)
+            self.touch(ref.sha256)  # a fresh use of old bytes
             return ref
         try:
             self._write(path, view)
@@ -231,8 +234,8 @@ class FileBlobStore:
         return data
 
     def delete(self, sha256: str) -> int:
-        """Remove a blob (retention, a released claim check); the bytes freed, 0 if it
-        was not there. A failure is logged, never raised: the blob is only kept."""
+        """Remove a blob (retention, a refused state, an old orphan); the bytes freed, 0
+        if it was not there. A failure is logged, never raised: the blob is only kept."""
         path = self.path_of(sha256)
         try:
             size = path.stat().st_size
@@ -244,6 +247,16 @@ class FileBlobStore:
             return 0
         log.debug("deleted blob %s (%d bytes)", sha256, size)
         return size
+
+    def touch(self, sha256: str) -> bool:
+        """Set the blob's mtime to now: the orphan sweep (``leaderboard.janitor``) goes by
+        age, so a blob in use stays another grace period; False if it is not there or
+        cannot be touched (a read-only mount: it then only ages from its write)."""
+        try:
+            os.utime(self.path_of(sha256))
+        except OSError:
+            return False
+        return True
 
     def exists(self, ref: BlobRef) -> bool:
         """Whether a file for this digest is present (contents are verified by ``get``)."""

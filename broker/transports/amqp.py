@@ -9,8 +9,8 @@
   raises ``PublishError`` at once. ``declare`` creates only what this user may
   (``broker.transports.amqp_topology``).
 - Publishes are persistent and confirmed; a failure (connection lost, nack, unroutable,
-  confirm timeout) is retried ``publish_tries`` times with exponential backoff, then
-  raises ``PublishError``. A retry after a lost confirm may duplicate a message:
+  confirm timeout) is retried ``publish_tries`` times with backoff (``amqp_retry``),
+  then raises ``PublishError``. A retry after a lost confirm may duplicate a message:
   handlers are idempotent by message id, by design.
 - A consumer the server cancels is restored by aio-pika's robust channel; a watchdog
   (``amqp_inbox.watch_consumer``) raises ``ConnectionClosed`` if our consumer tag stays
@@ -24,10 +24,12 @@
 - ``reject`` cannot add headers with ``basic.reject``, so a refused message is
   *published* to the ``dlx`` exchange (same body and properties, plus the
   ``x-podracer-*`` headers of ``broker.transports.base``) on the confirm channel, and only
-  once RabbitMQ confirmed it is the original acked; if that publish fails the original
-  is nacked back to its queue. A crash in between can leave a copy in both places (at
-  least once), never in neither. Dead-lettering by the broker itself (delivery limit)
-  stays RabbitMQ's, with its ``x-death`` header.
+  once RabbitMQ confirmed it is the original acked. That publish is retried like any
+  (NO_ROUTE while the dead-letter queue's node is down) while the original stays held,
+  so no consumer spins on it; only after the last try is the original rejected back to
+  its queue (a counted return). A crash in between can leave a copy in both places (at
+  least once), never in neither. The broker's own dead-lettering (delivery limit) stays
+  RabbitMQ's, with its ``x-death`` header.
 - Subscriber queues are exclusive, named after their reader (``Topology.subscriber``).
 - A URL may list a cluster's nodes (``broker.transports.urls``); each connection starts
   at a random node and moves on when an attempt fails or drops (``amqp_failover``).
@@ -50,7 +52,6 @@ from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import aio_pika
-import aiormq
 from aio_pika.abc import (
     AbstractExchange,
     AbstractIncomingMessage,
@@ -73,6 +74,7 @@ from broker.transports.amqp_inbox import (
     dead_letter_copy,
     watch_consumer,
 )
+from broker.transports.amqp_retry import confirmed
 from broker.transports.amqp_topology import (
     declare_topology,
     owns,
@@ -233,35 +235,21 @@ class AmqpTransport:
             message_id=msg.id, type=msg.KIND, app_id="podracer", user_id=self._user,
             timestamp=datetime.datetime.fromtimestamp(msg.created, tz=datetime.UTC),
         )
-        last: BaseException | None = None
-        for attempt in range(self.publish_tries):
-            try:
-                await self._publisher()
-                if self._events is None or self._work is None:
-                    await self.declare()
-                assert self._events is not None and self._work is not None
-                # mandatory for work: an unroutable work message (queue missing) is an
-                # error; an event nobody listens to is fine
-                target = self._work if exchange == "work" else self._events
-                await target.publish(outgoing, routing_key, mandatory=exchange == "work",
-                                     timeout=self.confirm_timeout)
-                return
-            except aiormq.exceptions.ChannelAccessRefused as exc:
-                # a permission does not come back by retrying (broker.runtime.users)
-                raise PublishError(f"{msg.KIND} {msg.id} to {routing_key}: refused by the "
-                                   f"broker: {exc}") from None
-            except BROKER_ERRORS as exc:
-                if self._closed:
-                    break
-                last = exc
-                if attempt + 1 < self.publish_tries:
-                    delay = min(self.backoff * 2**attempt, 10.0)
-                    log.warning("publish of %s to %s failed (%s); retry %d/%d in %.1f s",
-                                msg.id, routing_key, exc or type(exc).__name__, attempt + 1,
-                                self.publish_tries - 1, delay)
-                    await asyncio.sleep(delay)
-        raise PublishError(f"{msg.KIND} {msg.id} to {routing_key} not confirmed after "
-                           f"{self.publish_tries} tries: {last or type(last).__name__}") from None
+
+        async def attempt() -> None:
+            await self._publisher()
+            if self._events is None or self._work is None:
+                await self.declare()
+            assert self._events is not None and self._work is not None
+            # mandatory for work: an unroutable work message (queue missing) is an
+            # error; an event nobody listens to is fine
+            target = self._work if exchange == "work" else self._events
+            await target.publish(outgoing, routing_key, mandatory=exchange == "work",
+                                 timeout=self.confirm_timeout)
+
+        await confirmed(f"{msg.KIND} {msg.id} to {routing_key}", attempt,
+                        tries=self.publish_tries, backoff=self.backoff,
+                        closed=lambda: self._closed)
 
     # ------------------------------------------------------------ consuming
 
@@ -313,17 +301,25 @@ class AmqpTransport:
 
     async def dead_letter(self, raw: AbstractIncomingMessage, reason: str) -> None:
         """Publish ``raw`` to its dead-letter queue with the ``x-podracer-*`` headers,
-        confirmed, then ack it; if the publish fails, nack it back to its queue."""
+        confirmed (retried like ``publish`` while ``raw`` stays held), then ack it; if
+        every try fails, reject it back to its queue."""
         short, copy = dead_letter_copy(raw, self._topology, self.service, reason)
-        try:
+
+        async def attempt() -> None:
             channel = await self._publisher()
             dlx = await channel.get_exchange(self._topology.dlx, ensure=False)
             await dlx.publish(copy, self._topology.dead_routing_key(short), mandatory=True,
                               timeout=self.confirm_timeout)
-        except BROKER_ERRORS as exc:
+
+        try:
+            await confirmed(f"dead letter {raw.message_id} to {short}.dead", attempt,
+                            tries=self.publish_tries, backoff=self.backoff,
+                            closed=lambda: self._closed)
+        except PublishError as exc:
             log.warning("could not dead-letter message %s (%s); it goes back to %s",
-                        raw.message_id, exc or type(exc).__name__, short)
-            await raw.reject(requeue=True)  # counted by the queue on every version
+                        raw.message_id, exc, short)
+            # basic.reject: counted by the queue on every version (our guard reads it)
+            await raw.reject(requeue=True)
             return
         await raw.ack()
 

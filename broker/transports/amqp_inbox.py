@@ -7,8 +7,10 @@ decode, and hand out :class:`AmqpDelivery` objects (work queues) or messages (ev
 
 - Deliveries received on a channel that has since closed are dropped (the broker
   redelivers them); settling one whose channel died logs a warning instead of raising.
-- Acking a claim-checked delivery deletes its blob (a dead-lettered one keeps it).
-  :func:`dead_letter_copy` is what the transport publishes to refuse one.
+- Acking a claim-checked delivery keeps its blob: an ack is not confirmed, and one lost
+  with a failing node redelivers the message, which must find it. Handing one out and
+  acking it restart the blob's grace (``wire.keep_claimed``); the orphan sweep deletes
+  it later. :func:`dead_letter_copy` is what the transport publishes to refuse one.
 - Work messages that fail authentication (``x-podracer-mac``) or decoding are
   dead-lettered with the reason, one warning line each; such events are dropped and
   counted (``EventDrops``, rate-limited warnings).
@@ -36,7 +38,6 @@ import aiormq
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
 
 from broker.core.errors import AuthenticationError, ConnectionClosed, MessageError
-from broker.core.messages import CLAIM_CONTENT_TYPE, claim_of
 from broker.core.schemas import Message
 from broker.core.topology import DELIVERY_LIMIT, WORK_QUEUES, Topology
 from broker.transports.base import (
@@ -47,7 +48,7 @@ from broker.transports.base import (
     limit_reason,
 )
 from broker.transports.senders import impersonation
-from broker.transports.wire import EventDrops, decode
+from broker.transports.wire import EventDrops, decode, keep_claimed
 
 if TYPE_CHECKING:
     from broker.core.auth import MessageKey
@@ -107,12 +108,10 @@ class AmqpDelivery(Generic[M]):
             return False
 
     async def ack(self) -> None:
-        """Forget the message, and its claim-checked blob with it (nothing else reads it:
-        a blob is named by the message's own bytes)."""
-        acked = await self._settle("ack", self._raw.ack)
-        if acked and self._blobs is not None and self._raw.content_type == CLAIM_CONTENT_TYPE:
-            with suppress(MessageError):
-                self._blobs.delete(claim_of(self._raw.body).sha256)
+        """Forget the message; its claim-checked blob stays for a redelivery after a
+        lost ack (``wire.keep_claimed``)."""
+        await self._settle("ack", self._raw.ack)
+        keep_claimed(self._raw.body, self._raw.content_type, self._blobs)
 
     async def nack(self, requeue: bool = True) -> None:
         """Put the message back (``requeue=False``: dead-letter it); past
@@ -184,6 +183,7 @@ class AmqpDeliveries(Generic[M]):
                     else:
                         await raw.reject(requeue=False)
                 continue
+            keep_claimed(raw.body, raw.content_type, self._blobs)
             return AmqpDelivery(raw, message, self._name, self._dead_letter, self._blobs)
 
 

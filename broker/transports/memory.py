@@ -16,7 +16,6 @@ Everything is single event loop: use one hub from one loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from broker.core.auth import MessageKey
 from broker.core.errors import ConnectionClosed, MessageError
-from broker.core.messages import CLAIM_CONTENT_TYPE, DEFAULT_INLINE_LIMIT, claim_of
+from broker.core.messages import DEFAULT_INLINE_LIMIT
 from broker.core.schemas import Message
 from broker.core.topology import DELIVERY_LIMIT, WORK_QUEUES, Topology
 from broker.transports.base import (
@@ -39,7 +38,7 @@ from broker.transports.base import (
     service_label,
 )
 from broker.transports.memory_hub import Envelope, HubQueue, MemoryBroker
-from broker.transports.wire import EventDrops, decode, encode
+from broker.transports.wire import EventDrops, decode, encode, keep_claimed
 
 if TYPE_CHECKING:
     from broker.core.blobstore import BlobStore
@@ -124,6 +123,7 @@ class _Consumer:
                 # read): the message was never handed out, so it goes back to the front
                 await self.transport.hub.put(self.queue.name, envelope, front=True)
                 raise
+            keep_claimed(envelope.body, envelope.content_type, self.transport.blobs)
             delivery = MemoryDelivery(self, envelope, message)
             self.unsettled.add(delivery)
             return delivery
@@ -136,8 +136,8 @@ class _Consumer:
         delivery.settled = True
         self.unsettled.discard(delivery)
         envelope = delivery._envelope
-        if outcome is None:
-            self._release_claim(envelope)
+        if outcome is None:  # the blob stays for the sweep, as on RabbitMQ
+            keep_claimed(envelope.body, envelope.content_type, self.transport.blobs)
         if outcome == "requeue":
             await self._return(envelope)
         elif outcome == "dead":
@@ -145,14 +145,6 @@ class _Consumer:
                                                  self.transport.refused(self.queue, reason))
         async with self.queue.changed:
             self.queue.changed.notify_all()
-
-    def _release_claim(self, envelope: Envelope) -> None:
-        """An acked claim-checked body's blob goes with it (as on RabbitMQ: nothing else
-        reads it, a blob is named by the message's own bytes)."""
-        blobs = self.transport.blobs
-        if blobs is not None and envelope.content_type == CLAIM_CONTENT_TYPE:
-            with contextlib.suppress(MessageError):
-                blobs.delete(claim_of(envelope.body).sha256)
 
     async def _return(self, envelope: Envelope) -> None:
         envelope.returns += 1

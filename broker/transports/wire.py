@@ -3,19 +3,28 @@
 What both transports call around ``broker.core.messages``: large payloads are packed,
 signed and unpacked in a thread (off the event loop, so heartbeats keep flowing while
 a checkpoint is serialized), and the MAC travels in the ``x-podracer-mac`` header
-(``broker.core.auth``). ``EventDrops`` counts the events a subscription had to drop.
+(``broker.core.auth``). ``EventDrops`` counts the events a subscription had to drop;
+``keep_claimed`` is what a delivery does to its claim-checked blob when handed out and
+when acked.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from broker.core.auth import HEADER_MAC, MessageKey
 from broker.core.errors import AuthenticationError, MessageError
-from broker.core.messages import CLAIM_CONTENT_TYPE, decode_message, encode_message, refers
+from broker.core.messages import (
+    CLAIM_CONTENT_TYPE,
+    claim_of,
+    decode_message,
+    encode_message,
+    refers,
+)
 from broker.core.schemas import Message
 
 if TYPE_CHECKING:
@@ -84,6 +93,21 @@ def _decode(body: bytes, content_type: str | None, blobs: BlobStore | None,
     message = decode_message(body, content_type, blobs=blobs, expect=expect,
                              experiment=experiment, key=key, mac=mac)
     return message  # type: ignore[return-value]
+
+
+def keep_claimed(body: bytes, content_type: str | None, blobs: BlobStore | None) -> None:
+    """Restart the orphan sweep's grace for the blob of a claim-checked work message.
+
+    Nothing deletes such a blob when its delivery is acked: ``basic.ack`` is not
+    confirmed in AMQP 0-9-1, and an ack lost with a failing node redelivers the
+    message, which must still find its blob. The blob goes with the sweep
+    (``leaderboard.janitor``) once no delivery of its message was handed out or acked
+    for ``ORPHAN_AGE_S``, the grace that outlasts any redelivery.
+    """
+    if blobs is None or content_type != CLAIM_CONTENT_TYPE:
+        return
+    with contextlib.suppress(MessageError):
+        blobs.touch(claim_of(body).sha256)
 
 
 class EventDrops:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import subprocess
 import sys
@@ -15,10 +16,12 @@ import msgpack
 import pika
 import pytest
 
+from broker.core.auth import secret_from_env
 from broker.core.blobstore import FileBlobStore
 from broker.core.messages import CONTENT_TYPE
 from broker.core.schemas import Checkpoint, Initialization
-from broker.transports.base import Transport
+from broker.transports.amqp import AmqpTransport
+from broker.transports.base import Transport, broker_returns
 from broker.transports.connect import connect
 from tests.broker.transport_helpers import make_checkpoint, make_init, next_within, wait_depth
 
@@ -144,3 +147,79 @@ async def test_poison_messages_are_dead_lettered_with_one_log_line(
     lines = [r for r in caplog.records if raw_id in r.getMessage()]
     assert len(lines) == 1, [r.getMessage() for r in lines]
     assert "dead-lettered" in lines[0].getMessage()
+
+
+async def _ack_lost_on_the_way(self: aio_pika.IncomingMessage, multiple: bool = False) -> None:
+    """A ``basic.ack`` that never reaches the queue (AMQP 0-9-1 does not confirm it)."""
+
+
+async def test_a_redelivery_after_a_lost_ack_still_finds_its_claim_checked_blob(
+        amqp_url: str, experiment: str, blob_root: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cluster case: a pod acks, the queue's leader dies with the ack, the new leader
+    redelivers. The blob the message names must still be there (it used to be deleted
+    right after the ack, and the redelivery was dead-lettered as a bad reference)."""
+    async with connect(amqp_url, experiment=experiment, blobs=FileBlobStore(blob_root),
+                       inline_limit=1) as transport:  # every body claim-checked
+        sent = make_init(experiment, seed=11)
+        await transport.publish("generator", sent)
+        assert [p for p in blob_root.rglob("*") if p.is_file()]
+        async with transport.consume("generator", prefetch=1, expect=Initialization) as inbox:
+            delivery = await next_within(inbox)
+            with monkeypatch.context() as patched:
+                patched.setattr(aio_pika.IncomingMessage, "ack", _ack_lost_on_the_way)
+                await delivery.ack()
+        # the channel closed with the message unacked: the queue redelivers it
+        async with transport.consume("generator", prefetch=1, expect=Initialization) as inbox:
+            again = await next_within(inbox, 10)
+            assert again.message.id == sent.id and again.redelivered
+            await again.ack()
+        assert await transport.queue_depth("generator.dead") == (0, 0)
+
+
+async def test_a_dead_letter_that_cannot_be_routed_is_held_and_retried_not_looped(
+        amqp_url: str, experiment: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the dead-letter queue is unreachable (its node down: NO_ROUTE), a message
+    being dead-lettered stays held while the publish is retried with backoff; after the
+    last try it goes back to its queue, counted, and comes back no sooner than the
+    backoff. It used to go straight back and spin until the queue's own limit dropped
+    it. Once the dead-letter queue is back, it lands there: nothing is lost."""
+    transport = AmqpTransport(amqp_url, experiment=experiment, secret=secret_from_env(),
+                              publish_tries=2, backoff=0.5)
+    async with transport:
+        with pika.BlockingConnection(pika.URLParameters(amqp_url)) as conn:
+            conn.channel().queue_delete(transport.topology.dead("generator"))
+        connection = await aio_pika.connect(amqp_url)
+        async with connection:  # unsigned: refused on receipt, to be dead-lettered
+            channel = await connection.channel()
+            await channel.default_exchange.publish(
+                aio_pika.Message(b"unsigned", message_id="unroutable-dead-letter"),
+                routing_key=transport.topology.generator)
+        loop = asyncio.get_running_loop()
+        calls: list[tuple[float, int]] = []
+        second, idle = asyncio.Event(), asyncio.Event()
+        dead_letter = transport.dead_letter
+
+        async def watched(raw: aio_pika.abc.AbstractIncomingMessage, reason: str) -> None:
+            idle.clear()
+            calls.append((loop.time(), broker_returns(raw.headers)))
+            if len(calls) == 2:
+                second.set()
+            await dead_letter(raw, reason)
+            idle.set()  # settled: dead-lettered and acked, or rejected back
+
+        monkeypatch.setattr(transport, "dead_letter", watched)
+        async with transport.consume("generator", prefetch=1, expect=Initialization) as inbox:
+            waiting = asyncio.ensure_future(anext(inbox))
+            try:
+                await asyncio.wait_for(second.wait(), 10)
+                await transport.declare()  # the dead-letter queue is back
+                assert await wait_depth(transport, "generator.dead", 1) == 1
+                await asyncio.wait_for(idle.wait(), 10)  # its ack done too
+            finally:
+                waiting.cancel()
+        assert await transport.queue_depth("generator") == (0, 0)
+    assert len(calls) >= 2, calls
+    for (before, returns_before), (after, returns_after) in itertools.pairwise(calls):
+        assert after - before >= 0.5, calls  # held through the retry, not spun
+        assert returns_after == returns_before + 1, calls  # the return is counted

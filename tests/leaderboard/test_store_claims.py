@@ -15,6 +15,7 @@ import torch
 from broker.core.errors import SchemaError
 from broker.core.fields import MAX_COUNT
 from broker.core.schemas import Checkpoint, from_wire
+from leaderboard.janitor import ORPHAN_AGE_S, sweep_orphans
 from leaderboard.spent import ROUND_CAP_S
 from leaderboard.store import DB_NAME, SCHEMA_VERSION, LeaderboardStore, Retention, spent
 
@@ -110,3 +111,20 @@ def test_a_checkpoints_pool_rows_travel_and_are_stored_with_its_share(tmp_path: 
         assert (entry.pool_rows, entry.pool_share) == (300, 0.75)
         own = store.insert(checkpoint("own")).entry
         assert (own.pool_rows, own.pool_share) == (0, 0.0)
+
+
+def test_a_replaced_results_state_stays_for_the_rounds_issued_from_it(tmp_path: Path) -> None:
+    """A rival result replaces a stored one (a round redelivered after a lost ack and
+    trained again); a round the generator issued from the first result names its blob
+    and waits in the queue. The blob stays until the orphan sweep, an hour later (it
+    used to be deleted at once, and the waiting round was dead-lettered as a bad
+    reference)."""
+    with LeaderboardStore(tmp_path) as store:
+        first = store.insert(checkpoint("r", score=-500.0)).entry
+        issued_from = first.blob  # what a child's state_ref names
+        store.insert(checkpoint("r", score=-120.0), claimed=-125.0, replace=True)
+        assert store.get("r").blob.sha256 != issued_from.sha256  # type: ignore[union-attr]
+        assert store.blobs.get(issued_from)  # still readable by the waiting round
+        assert sweep_orphans(store) == 0  # young: kept
+        assert sweep_orphans(store, now=time.time() + ORPHAN_AGE_S + 60) == 1
+        assert not store.blobs.exists(issued_from)
