@@ -77,6 +77,13 @@ PREFETCH = 8
 """Checkpoints in flight: validation and storage are quick, so keep a few buffered."""
 STORE_BACKOFF = (0.5, 30.0)
 """First and longest delay (s) between two tries to store a checkpoint while it fails."""
+MEASURE_EPISODES = 32
+"""Least episodes of the updater's own measurement of a would-be best (more when the
+experiment evaluates more). The measurement decides the rank and judges the claim, so it
+must be steadier than the claim: Pendulum's returns are two-humped (a start near upright
+scores about 0, a swing-up about -120), and with 4 episodes on each side the 30-minute
+soak measured honest claims of -58 +- 57 as -124.7 +- 1.4 (four easy starts missed) and
+refused them as false."""
 MAX_HOLD_S = 15 * 60.0
 """A checkpoint held this long during a store outage goes back to the queue."""
 
@@ -169,8 +176,8 @@ class Updater:
     def _measure(self, checkpoint: Checkpoint) -> tuple[float, float]:
         """The updater's own score of ``checkpoint`` (only for candidates: see claims)."""
         resolved = self.validator.resolve(checkpoint)
-        eval_env = make_validation_env(checkpoint.env, self.experiment.eval_episodes,
-                                       self.experiment.env_kwargs)
+        episodes = max(MEASURE_EPISODES, self.experiment.eval_episodes)
+        eval_env = make_validation_env(checkpoint.env, episodes, self.experiment.env_kwargs)
         try:
             agent = resolved.build(eval_env.single_observation_space,
                                    eval_env.single_action_space, torch.device("cpu"), 0,
@@ -178,8 +185,8 @@ class Updater:
                                    config=dataclasses.replace(resolved.config, num_envs=1))
             # reproducible mode: every candidate meets the same seeded episodes
             seed = self.experiment.seed if self.experiment.reproducible else None
-            result = evaluate(lambda obs: agent.act(obs, True), eval_env,
-                              self.experiment.eval_episodes, seed=seed)
+            result = evaluate(lambda obs: agent.act(obs, True), eval_env, episodes,
+                              seed=seed)
         finally:
             eval_env.close()
         return result.mean, result.std

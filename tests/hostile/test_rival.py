@@ -51,7 +51,16 @@ def sac_state(seed: int) -> dict[str, torch.Tensor]:
 
 async def test_a_forged_result_first_under_a_real_round_costs_it_one_measurement(
     rig: Rig, tmp_path: Path, wire: Any, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    measured_on: list[int] = []  # copies of the env each one was built with
+    build = updater_service.make_validation_env
+
+    def spy(env: str, copies: int, env_kwargs: Any = None) -> Any:
+        measured_on.append(copies)
+        return build(env, copies, env_kwargs)
+
+    monkeypatch.setattr(updater_service, "make_validation_env", spy)
     exp = default_experiment(ENV).with_overrides(
         name=rig.experiment, eval_episodes=2, hparams={"sac": SAC}, algos={"sac": 1})
     settings = Settings(experiment=exp, broker=rig.url, store=tmp_path, device="cpu",
@@ -88,3 +97,6 @@ async def test_a_forged_result_first_under_a_real_round_costs_it_one_measurement
     assert len(measured) >= 2, measured
     assert row.reevaluated and row.score_mean == pytest.approx(max(measured.values()), abs=1)
     assert row.pod == ("forger" if measured[0] >= measured[1] else "pod-real")
+    # the experiment evaluates 2 episodes; the updater measures over more than the claim
+    # (a copy of 1 reads the env's spaces at start)
+    assert measured_on.count(updater_service.MEASURE_EPISODES) == len(measured) >= 2
