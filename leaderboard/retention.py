@@ -5,10 +5,10 @@ the blobs of
 
 * the global top-k and their ancestors up to ``lineage_depth`` (what the generator
   selects from and what ``export`` ships);
-* the ``heads`` best lineage heads of *each algorithm*, and their ancestors: the
-  planner (``leaderboard.population``) continues each algorithm's best heads, and a
-  minority algorithm's best lineage is rarely in the global top-k; without this its
-  blob was pruned and the planner silently restarted it fresh;
+* the ``heads`` best lineage heads of *each algorithm* (not their ancestors: the planner,
+  ``leaderboard.population``, continues or branches a head, never an ancestor; a
+  minority algorithm's best lineage is rarely in the global top-k, and without this its
+  blob was pruned and the planner silently restarted it fresh);
 * the last ``last`` stored (the rounds in flight continue them)
 
 stay on disk; the rest are deleted, so disk use stays flat however long a run is. A
@@ -38,8 +38,9 @@ class Retention:
     last: int = 64
     """The most recently stored this many (the lineages that pods continue)."""
     lineage_depth: int = 4
-    """Ancestors of each kept best or head, this many generations back (the whole
-    lineage would make disk grow with the run; its rows stay regardless)."""
+    """Ancestors of each kept best, this many generations back (the whole lineage would
+    make disk grow with the run; its rows stay regardless). So at most
+    ``top_k * (lineage_depth + 1) + heads * algorithms + last`` blobs stay on disk."""
     heads: int = 16
     """Best lineage heads kept per algorithm (at least the planner's ``members``)."""
 
@@ -84,8 +85,10 @@ def prune(store: LeaderboardStore, retention: Retention) -> Pruned:
     parent = {r["id"]: r["parent_id"] for r in rows}
     keep = {r["id"] for r in rows[:retention.last]}
     ranked = sorted(rows, key=lambda r: (-r["score_mean"], r["created"], r["id"]))
-    roots = {r["id"] for r in ranked[:retention.top_k]} | best_heads(rows, retention.heads)
-    for root in roots:
+    # a best head keeps its own blob (the planner continues or branches the head only);
+    # a global best keeps its ancestors too
+    keep |= best_heads(rows, retention.heads)
+    for root in (r["id"] for r in ranked[:retention.top_k]):
         node: str | None = root
         for _ in range(retention.lineage_depth + 1):
             if node is None or node not in parent:

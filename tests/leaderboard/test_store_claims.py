@@ -98,6 +98,21 @@ def test_retention_keeps_a_minority_algorithms_best_head(tmp_path: Path) -> None
             store.root / "blobs" / ppo_old.blob.sha256[:2] / ppo_old.blob.sha256).exists()
 
 
+def test_a_best_head_keeps_its_own_blob_but_not_its_ancestors(tmp_path: Path) -> None:
+    """Heads' ancestors are never continued: keeping them made disk grow with the number
+    of lineages (the 30-minute soak: 66 -> 96 MiB, still rising)."""
+    with LeaderboardStore(tmp_path) as store:
+        for n in range(4):  # one SAC lineage outside the top-k, continued 3 times
+            store.insert(checkpoint(f"sac-{n}", -900.0 + n, algorithm="sac",
+                                    parent_id=f"sac-{n - 1}" if n else None))
+        for n in range(4):
+            store.insert(checkpoint(f"ppo-{n}", -100.0 - n))
+        store.prune(Retention(top_k=1, last=1, lineage_depth=4))
+        on_disk = {e.id for e in store.entries()
+                   if (store.root / "blobs" / e.blob.sha256[:2] / e.blob.sha256).exists()}
+        assert {"sac-3", "ppo-0"} <= on_disk and not on_disk & {"sac-0", "sac-1", "sac-2"}
+
+
 def test_a_checkpoints_pool_rows_travel_and_are_stored_with_its_share(tmp_path: Path) -> None:
     sent = checkpoint("shared", pool_rows=300)
     received = from_wire(sent.to_wire(), expect=Checkpoint)
