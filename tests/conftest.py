@@ -46,7 +46,7 @@ FULL_GATE_ONLY = {
     "services/test_pod_crash.py": "crashes pod processes",
     "agents_*/test_*learning.py": "learns Pendulum to a score",
     "lifecycle/test_resume_units.py::test_embedded_run_resumes_its_lineages":
-        "a whole embedded run, interrupted and resumed (70 s)",
+        "a whole embedded run, interrupted and resumed (50 s)",
 }
 """Directories, files and tests (``dir/file.py::test``) under ``tests/`` left to the full
 gate, and why; files and tests are shell patterns."""

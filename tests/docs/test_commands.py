@@ -122,8 +122,16 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def policy(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The best policy of ``store``, exported as the docs do (once for the tests that read it)."""
+    path = tmp_path_factory.mktemp("policy") / "policy.podracer"
+    ok(run_podracer("export", "--store", str(store), "--top", "1", "--out", str(path)))
+    return path
+
+
 @pytest.mark.timeout(300)
-def test_inspection_commands_run(store: Path, tmp_path: Path) -> None:
+def test_inspection_commands_run(store: Path, policy: Path) -> None:
     board = ok(run_podracer("leaderboard", "--store", str(store)))
     assert re.search(r"top [1-9]\d* of", board), board
     best = re.search(r"^1\s+(\w+)", board, flags=re.M)
@@ -135,9 +143,7 @@ def test_inspection_commands_run(store: Path, tmp_path: Path) -> None:
     assert "tournament.png" in report and "throughput.png" in report
     assert (store / "tournament.png").stat().st_size > 0
 
-    policy = tmp_path / "policy.podracer"
-    ok(run_podracer("export", "--store", str(store), "--top", "1", "--out", str(policy)))
-    assert policy.stat().st_size > 0
+    assert policy.stat().st_size > 0  # ``podracer export``
     scored = ok(run_podracer("evaluate", str(policy), "--episodes", "4"))
     assert "torch/Pendulum-v1:" in scored and "over 4 episodes" in scored
 
@@ -145,28 +151,26 @@ def test_inspection_commands_run(store: Path, tmp_path: Path) -> None:
     assert "0 import(s) across the floors" in layers
 
 
-def test_load_policy_as_documented(store: Path, tmp_path: Path) -> None:
+def test_load_policy_as_documented(policy: Path) -> None:
     import torch
 
     import podracer as package
 
-    policy_file = tmp_path / "policy.podracer"
-    ok(run_podracer("export", "--store", str(store), "--top", "1", "--out", str(policy_file)))
-    policy = package.load_policy(policy_file)
-    actions = policy(torch.zeros(4, 3))
+    loaded = package.load_policy(policy)
+    actions = loaded(torch.zeros(4, 3))
     assert actions.shape == (4, 1)
 
 
 @pytest.mark.timeout(300)
 def test_stock_commands_run(tmp_path: Path) -> None:
-    """docs/tutorials/stock.md and the README's stock section, with a 40 s training."""
+    """docs/tutorials/stock.md and the README's stock section, with a 20 s training."""
     prices = REPO.parent / "shared" / "data" / "sp500_20_adjclose_daily.csv.gz"
     if not prices.is_file():  # where examples/stock_sp20.toml reads them
         skip_or_fail(f"examples/stock_sp20.toml reads {prices}, which is missing",
                      "PODRACER_REQUIRE_STOCK_DATA")
     run = tmp_path / "stock_sp20"
-    trained = ok(run_podracer("train", "examples/stock_sp20.toml", "--budget", "40s",
-                              "--round-budget", "15s", "--run-dir", str(run), "--quiet",
+    trained = ok(run_podracer("train", "examples/stock_sp20.toml", "--budget", "20s",
+                              "--round-budget", "10s", "--run-dir", str(run), "--quiet",
                               timeout=200))
     assert ("validation=2014-01-01..2014-12-31,2015-01-01..2015-12-31,2018-05-13..2019-05-12"
             in trained)  # three validation years by default

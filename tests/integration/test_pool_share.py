@@ -18,9 +18,10 @@ from podracer.train import train
 
 
 def _run(out: Path, pool: bool) -> list[Entry]:
+    # two rounds a pod: SAC's first already learns from PPO's rollouts when it can
     exp = default_experiment("torch/Pendulum-v1", name=f"poolshare-{pool}".lower(),
                              algos={"ppo": 1, "sac": 1}, pods=2, eval_episodes=4,
-                             total_budget={"seconds": 16.0}, round_budget={"seconds": 4.0},
+                             total_budget={"seconds": 8.0}, round_budget={"seconds": 4.0},
                              experience_pool=pool)
     result = train(settings_from_env(experiment=exp, store=out, torch_threads=1), out,
                    progress=False)
@@ -40,4 +41,6 @@ def test_a_checkpoint_records_its_share_of_pool_data_and_zero_without_the_pool(
                                                           for e in sac]
     assert all(e.pool_rows == 0 for e in ppo)
     alone = _run(tmp_path / "nopool", False)
-    assert alone and all(e.pool_rows == 0 and e.pool_share == 0.0 for e in alone)
+    # a SAC checkpoint among them: PPO records 0 with or without the pool
+    assert any(e.algorithm == "sac" for e in alone), [(e.algorithm, e.id) for e in alone]
+    assert all(e.pool_rows == 0 and e.pool_share == 0.0 for e in alone)

@@ -22,7 +22,7 @@ import pytest
 
 from leaderboard.store import LeaderboardStore, spent
 
-BUDGET_S = 36.0
+BUDGET_S = 24.0
 ROUND_S = 4.0
 EXPERIMENT = f"""
 env = "torch/Pendulum-v1"
@@ -105,7 +105,7 @@ def test_interrupted_run_resumes_to_one_continuous_run(
     exp_file.write_text(f'name = "{experiment}"\n' + EXPERIMENT)
     first = _train([str(exp_file), "--run-dir", str(out)], amqp_url)
     try:
-        _wait_for_checkpoints(out, 3, first)  # about a third of the budget
+        _wait_for_checkpoints(out, 3, first)  # about half the budget: rounds left to resume
         if how == "sigint":
             first.send_signal(signal.SIGINT)
         else:
