@@ -34,7 +34,7 @@ from broker.core.auth import (
 )
 from broker.core.blobstore import FileBlobStore
 from broker.core.errors import AuthenticationError, ConfigError
-from broker.core.messages import CONTENT_TYPE, decode_message, encode_message
+from broker.core.messages import CONTENT_TYPE, claim_of, decode_message, encode_message
 from broker.core.schemas import Checkpoint, Initialization, Stop
 from broker.transports.connect import connect
 from broker.transports.memory import Envelope, MemoryBroker
@@ -101,9 +101,12 @@ def test_a_signed_claim_covers_its_blob(tmp_path: Path) -> None:
     mac = key.sign(content_type, body)
     got = decode_message(body, content_type, blobs=blobs, key=key, mac=mac)
     assert got.id == msg.id
-    blob = next(p for p in tmp_path.rglob("*") if p.is_file())
+    # the claim's own blob, its last byte flipped (setting it to 0 changed nothing when
+    # it was 0 already, and "the first file" was the state's blob half the time)
+    blob = blobs.path_of(claim_of(body).sha256)
     blob.chmod(0o600)
-    blob.write_bytes(blob.read_bytes()[:-1] + b"\x00")
+    data = blob.read_bytes()
+    blob.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
     with pytest.raises(Exception, match="sha256"):
         decode_message(body, content_type, blobs=blobs, key=key, mac=mac)
 
