@@ -7,7 +7,7 @@ Podracer side sends a ``Checkpoint`` whose tensor payload has that size, through
 ``encode_message``/``decode_message`` (msgpack + tensor ext, schema validation).
 The 4 MiB case is run inline (inline limit raised to 8 MiB) and, separately, through the
 claim check (default 4 MiB limit: the body goes to a FileBlobStore in a temp dir, one
-blob per message; acking a claim deletes its blob). Cases are interleaved ``--repeat``
+blob per message, kept after the ack for the orphan sweep). Cases are interleaved ``--repeat``
 times and the best round of each is printed, because a shared machine is noisy.
 
 Authentication (``broker.core.auth``): the Podracer rows sign every message with the
