@@ -6,26 +6,32 @@ head and its ancestors (through branches too: a branch starts from its parent's
 weights, so the score curve runs on through it), on an axis of training seconds
 (the rounds' wall times summed). ``Planner.next`` decides the next round in two steps.
 
-1. **Algorithm, by its prospect** (``shares``). An algorithm's *curve* is its best
-   score so far (over all its lineages) against the training seconds it has had (its
-   rounds' wall times summed, in the order they came back); its *rate* is that curve's
-   rise over its last ``window`` evaluations per training second, and its *prospect* is
-   where the curve would be after another ``ready_s`` at that rate: its best plus
-   ``rate * ready_s``. The curve never falls, so a round that scores below an earlier one
-   (common on MuJoCo: Hopper's SAC went 202, then 15) costs the algorithm no share; it
-   only stops adding to it. An algorithm with fewer than two checkpoints gets its mix
-   weight: it is measured before it is judged, however long that takes, and no fixed
-   warm-up is needed. Once measured, every algorithm keeps a floor of ``min_share``
-   (times its mix weight relative to the others) so the mix stays alive, and the rest of
-   the rounds goes to the algorithm with the highest prospect. So an algorithm that
-   leads early on cheap steps and then flattens (PPO) hands its rounds to one that starts
-   slower and keeps rising (SAC) as soon as the riser's prospect passes the leader's
-   best, and an algorithm that holds the best score keeps the rounds unless another one
-   rises fast enough to pass it within ``ready_s``. A starved algorithm is not judged on
-   the time it waited: its curve counts its own training seconds. The round goes to the
-   algorithm furthest below its share of the recent rounds (deficit round robin over
-   counts that decay by ``RECENT_DECAY`` per round, so a change of shares takes effect at
-   once rather than after the old surplus is paid back).
+1. **Algorithm, by its curve at equal training** (``shares``, ``leader``). An
+   algorithm's *curve* (``Curve``) is its best score so far (over all its lineages)
+   against the training seconds it has had (its rounds' wall times summed, in the order
+   they came back). The curve never falls, so a round that scores below an earlier one
+   (common on MuJoCo: Hopper's SAC went 202, then 15) costs the algorithm nothing; it only
+   stops adding to it. Two algorithms are compared where both have trained as long: at
+   the lesser of their training plus ``ready_s``, each read off its curve where it got
+   that far, else its newest best plus the curve's rise per second over its last
+   ``window`` points times the rest. So an algorithm that reached a score with less
+   training leads one that needed more (HalfCheetah, measured: SAC at 4035 after 143 s
+   leads TD3 at 3514 after 177 s, however steep TD3's last rise), an early leader that
+   flattens (PPO) hands over to a slower starter once the starter passes it at equal
+   training or will within ``ready_s``, and a starved algorithm is judged on its own
+   training seconds, not on the time it waited, and extrapolated by ``ready_s`` at most.
+   The *leader* wins the most of these pairs (ties: the higher best so far). An
+   algorithm with fewer than two checkpoints gets its mix weight: it is measured before
+   it is judged, however long that takes, and no fixed warm-up is needed. Once measured,
+   every algorithm keeps a floor of ``min_share`` (times its mix weight relative to the
+   others) so the mix stays alive, and the rest of the rounds goes to the leader. The
+   round goes to the algorithm furthest below its share of the recent rounds (deficit
+   round robin over counts that decay by ``RECENT_DECAY`` per round, so a change of
+   shares takes effect at once rather than after the old surplus is paid back), except
+   that **the leader's best lineage keeps a pod of its own**: while another round is in
+   flight (more than one pod), its idle best head is continued first, so the floors and
+   the leader's other lineages share the other pods and the lineage most likely to win
+   trains without a gap, as a lone pod would.
 2. **Lineage, within the algorithm**:
 
    * no checkpoint yet, or with probability ``explore_p``: a *fresh* lineage (tuned
@@ -54,6 +60,7 @@ What is in flight is remembered per initialization until its checkpoint is store
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import random
 import time
@@ -128,16 +135,77 @@ class _Issued:
     at: float
 
 
-def shares(mix: Mapping[str, float], prospects: Mapping[str, float | None],
-           min_share: float) -> dict[str, float]:
-    """Share of rounds per algorithm (module doc, step 1). ``prospects`` maps an algorithm
-    to its prospect (``None`` or absent: not measured yet)."""
+def cost(entry: Entry, by_steps: bool) -> float:
+    """The training behind ``entry``: env steps (``by_steps``) or wall seconds."""
+    return float(entry.env_steps) if by_steps else entry.wall_time
+
+
+@dataclasses.dataclass(frozen=True)
+class Curve:
+    """An algorithm's best score so far against the training it has had (module doc,
+    step 1): ``points`` are ``(training, best so far)`` after each of its checkpoints,
+    in the order they came back."""
+
+    points: tuple[tuple[float, float], ...]
+
+    @classmethod
+    def of(cls, entries: Sequence[Entry], by_steps: bool = False) -> Curve | None:
+        """The curve of ``entries`` (``None``: fewer than two, not measured yet)."""
+        if len(entries) < 2:
+            return None
+        clock, best = 0.0, -math.inf
+        points = []
+        for entry in sorted(entries, key=lambda e: (e.created, e.id)):
+            clock += cost(entry, by_steps)
+            best = max(best, entry.score_mean)
+            points.append((clock, best))
+        return cls(tuple(points))
+
+    @property
+    def trained(self) -> float:
+        """Training behind the newest point."""
+        return self.points[-1][0]
+
+    def rate(self, window: int) -> float:
+        """The curve's rise per unit of training over its last ``window`` points."""
+        (t0, b0), (t1, b1) = self.points[-min(window, len(self.points))], self.points[-1]
+        return (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def at(self, training: float, window: int) -> float:
+        """The best so far after ``training``: read off the curve where it reaches that
+        far, else its newest best plus its recent ``rate`` over the rest."""
+        if training >= self.trained:
+            return self.points[-1][1] + self.rate(window) * (training - self.trained)
+        reached = [best for clock, best in self.points if clock <= training]
+        return reached[-1] if reached else self.points[0][1]
+
+
+def leader(curves: Mapping[str, Curve], window: int, horizon: float) -> str | None:
+    """The algorithm whose curve is highest at equal training (module doc, step 1): each
+    pair is compared at the lesser of their training plus ``horizon``; the most pairs won
+    leads (ties: the higher best so far, then the order given)."""
+    names = list(curves)
+    if not names:
+        return None
+    wins = dict.fromkeys(names, 0)
+    for a, b in itertools.combinations(names, 2):
+        point = min(curves[a].trained, curves[b].trained) + horizon
+        ahead = curves[a].at(point, window) - curves[b].at(point, window)
+        if ahead:
+            wins[a if ahead > 0 else b] += 1
+    return max(names, key=lambda n: (wins[n], curves[n].points[-1][1], -names.index(n)))
+
+
+def shares(mix: Mapping[str, float], curves: Mapping[str, Curve | None], min_share: float,
+           window: int = 4, horizon: float = 60.0) -> dict[str, float]:
+    """Share of rounds per algorithm (module doc, step 1). ``curves`` maps an algorithm to
+    its curve (``None`` or absent: not measured yet)."""
     total = sum(mix.values())
     weights = {a: w / total for a, w in mix.items()}
     if len(mix) == 1:
         return weights
-    out = {a: w for a, w in weights.items() if prospects.get(a) is None}
-    measured = [a for a in mix if a not in out]
+    out = {a: w for a, w in weights.items() if curves.get(a) is None}
+    measured = {a: c for a in mix if (c := curves.get(a)) is not None}
     if not measured:
         return weights
     left = 1.0 - sum(out.values())
@@ -145,32 +213,8 @@ def shares(mix: Mapping[str, float], prospects: Mapping[str, float | None],
     pot = left - sum(floors.values())
     if pot <= 0.0:  # floors too large to leave anything to earn: the mix
         return weights
-    order = list(mix)  # ties go to the mix's order
-    leader = max(measured, key=lambda a: (prospects[a] or 0.0, -order.index(a)))
-    return {**out, **{a: floors[a] + (pot if a == leader else 0.0) for a in measured}}
-
-
-def cost(entry: Entry, by_steps: bool) -> float:
-    """The training behind ``entry``: env steps (``by_steps``) or wall seconds."""
-    return float(entry.env_steps) if by_steps else entry.wall_time
-
-
-def prospect(entries: Sequence[Entry], window: int, horizon: float,
-             by_steps: bool = False) -> float | None:
-    """An algorithm's prospect from its checkpoints (module doc, step 1): its best score
-    plus the rise of its best-so-far curve over the last ``window`` evaluations, per unit
-    of training, times ``horizon`` (``None``: fewer than two checkpoints)."""
-    if len(entries) < 2:
-        return None
-    clock, best = 0.0, -math.inf
-    curve: list[tuple[float, float]] = []
-    for entry in sorted(entries, key=lambda e: (e.created, e.id)):
-        clock += cost(entry, by_steps)
-        best = max(best, entry.score_mean)
-        curve.append((clock, best))
-    (t0, b0), (t1, b1) = curve[-min(window, len(curve))], curve[-1]
-    rate = (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
-    return b1 + rate * horizon
+    first = leader(measured, window, horizon)
+    return {**out, **{a: floors[a] + (pot if a == first else 0.0) for a in measured}}
 
 
 def slope(points: Sequence[tuple[float, float]]) -> float | None:
@@ -305,39 +349,50 @@ class Planner:
 
     # ---------------------------------------------------------------- deciding
 
+    def _curves(self) -> dict[str, Curve | None]:
+        return {name: Curve.of(self.store.top(1_000_000, algorithm=name), self.config.by_steps)
+                for name in self.mix}
+
     def allocation(self) -> dict[str, float]:
         """The share of rounds each algorithm gets now (module doc, step 1)."""
         cfg = self.config
-        prospects = {name: prospect(self.store.top(1_000_000, algorithm=name), cfg.window,
-                                    cfg.ready_s, cfg.by_steps) for name in self.mix}
-        return shares(self.mix, prospects, cfg.min_share)
+        return shares(self.mix, self._curves(), cfg.min_share, cfg.window, cfg.ready_s)
 
-    def _algorithm(self) -> str:
-        share = self.allocation()
+    def _algorithm(self, share: Mapping[str, float]) -> str:
         order = list(self.mix)
         return min(order, key=lambda a: ((self.rounds.get(a, 0.0) + 1.0) / max(share[a], 1e-9),
                                          order.index(a)))
 
+    def _idle(self, head: Entry) -> bool:
+        # a head published by a round still in flight (an intermediate best) is busy too
+        return head.id not in self.busy() and head.init_id not in self._issued
+
     def next(self) -> Plan:
         """The next round (see the module doc)."""
         self._settle()
-        algorithm = self._algorithm()
-        family = Family(self.store.top(1_000_000, algorithm=algorithm), self.config.by_steps)
+        cfg = self.config
+        curves = self._curves()
+        share = shares(self.mix, curves, cfg.min_share, cfg.window, cfg.ready_s)
+        first = leader({a: c for a, c in curves.items() if c is not None}, cfg.window,
+                       cfg.ready_s)
+        if first is not None and len(self.mix) > 1 and self._issued:
+            heads = Family(self.store.top(1_000_000, algorithm=first), cfg.by_steps).heads
+            if self._idle(heads[0]):
+                return Plan(first, heads[0], False, "continue the leader's best lineage")
+        algorithm = self._algorithm(share)
+        family = Family(self.store.top(1_000_000, algorithm=algorithm), cfg.by_steps)
         heads = family.heads
         if not heads:
             return Plan(algorithm, None, False, "first of its algorithm")
-        if self.rng.random() < self.config.explore_p:
+        if self.rng.random() < cfg.explore_p:
             return Plan(algorithm, None, False, "explore")
-        busy = self.busy()
-        kept = heads[:self.config.members]
-        # a head published by a round still in flight (an intermediate best) is busy too
-        idle = [h for h in kept if h.id not in busy and h.init_id not in self._issued]
+        kept = heads[:cfg.members]
+        idle = [h for h in kept if self._idle(h)]
         for head in idle:
-            if family.since(head.id) < self.config.ready_s:
+            if family.since(head.id) < cfg.ready_s:
                 return Plan(algorithm, head, False, "continue (not ready yet)")
         if idle:
             head = idle[0]
-            cfg = self.config
             better = [h for h in kept if h.id != head.id
                       and significantly_better(h, head, cfg.episodes, cfg.alpha)]
             if better and not family.improving(head.id, cfg.window, cfg.episodes):

@@ -1,4 +1,5 @@
-"""The planner: shares from each algorithm's prospect, readiness, replacement of
+"""The planner: shares from each algorithm's curve at equal training, the leader's best
+lineage on a pod of its own, readiness, replacement of
 lineages that are behind and not improving (Welch-gated), branching."""
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import torch
 
 from broker.core.errors import ConfigError
 from broker.core.schemas import Checkpoint
-from leaderboard.population import Family, Plan, Planner, PopulationConfig, prospect, shares
+from leaderboard.population import (Curve, Family, Plan, Planner, PopulationConfig, leader,
+                                   shares)
 from leaderboard.selection import Tournament
 from leaderboard.store import LeaderboardStore
 
@@ -47,16 +49,21 @@ def _planner(store: LeaderboardStore, mix: dict[str, float] | None = None,
                    random.Random(0), lost_after_s=600.0)
 
 
-def test_shares_follow_the_mix_until_measured_then_the_best_prospect() -> None:
-    # td3 not measured yet: it keeps its mix share; the best prospect takes the rest
-    part = shares(MIX, {"ppo": 1.0, "sac": 3.0}, 0.15)
+def _flat(score: float) -> Curve:
+    """Two 20 s rounds that both scored ``score``."""
+    return Curve(((20.0, score), (40.0, score)))
+
+
+def test_shares_follow_the_mix_until_measured_then_the_leader() -> None:
+    # td3 not measured yet: it keeps its mix share; the leader takes the rest
+    part = shares(MIX, {"ppo": _flat(1.0), "sac": _flat(3.0)}, 0.15)
     assert part == pytest.approx({"td3": 1 / 3, "ppo": 0.15, "sac": 2 / 3 - 0.15})
     assert shares(MIX, {}, 0.15) == pytest.approx(dict.fromkeys(MIX, 1 / 3))
-    rated = shares(MIX, {"ppo": 0.0, "sac": 4.0, "td3": -2.0}, 0.15)
+    rated = shares(MIX, {"ppo": _flat(0.0), "sac": _flat(4.0), "td3": _flat(-2.0)}, 0.15)
     assert rated == pytest.approx({"ppo": 0.15, "sac": 0.7, "td3": 0.15})
-    tied = shares(MIX, {"ppo": 5.0, "sac": 5.0, "td3": 1.0}, 0.15)
+    tied = shares(MIX, {"ppo": _flat(5.0), "sac": _flat(5.0), "td3": _flat(1.0)}, 0.15)
     assert tied == pytest.approx({"ppo": 0.7, "sac": 0.15, "td3": 0.15})  # the mix's order
-    weighted = shares({"ppo": 2.0, "sac": 1.0}, {"ppo": 0.0, "sac": 1.0}, 0.15)
+    weighted = shares({"ppo": 2.0, "sac": 1.0}, {"ppo": _flat(0.0), "sac": _flat(1.0)}, 0.15)
     assert weighted == pytest.approx({"ppo": 0.2, "sac": 0.8})  # floor scaled by the weight
 
 
@@ -271,17 +278,59 @@ def test_a_lead_within_the_noise_takes_no_lineage_over(store: LeaderboardStore) 
     assert plan.parent is not None and plan.parent.id == "b3" and plan.reason == "continue"
 
 
-def test_a_prospect_is_the_best_so_far_plus_its_recent_rise(
+def test_a_curve_is_read_where_it_got_to_and_extrapolated_beyond(
         store: LeaderboardStore) -> None:
     _curve(store, "sac", [0.0, 0.0, 0.0, 100.0, 200.0, 300.0, 400.0], wall=10.0)
     entries = store.top(100, algorithm="sac")
-    # the best-so-far curve rose 300 over its last 4 evaluations (30 s): 10 per second
-    assert prospect(entries, 4, 60.0) == pytest.approx(400.0 + 10.0 * 60.0)
-    assert prospect(entries[-1:], 4, 60.0) is None  # one evaluation: not measured
+    curve = Curve.of(entries)
+    assert curve is not None and curve.trained == pytest.approx(70.0)
+    assert curve.at(45.0, 4) == pytest.approx(100.0)  # read off: 100 after 40 s
+    # beyond: the curve rose 300 over its last 4 evaluations (30 s), 10 per second
+    assert curve.at(130.0, 4) == pytest.approx(400.0 + 10.0 * 60.0)
+    assert Curve.of(entries[-1:]) is None  # one evaluation: not measured
     family = Family(entries)
     head = "sac6"
     assert family.improving(head, 4, 16) and family.improving("sac0", 4, 16)
     assert not family.improving("sac2", 3, 16)
+
+
+def test_less_training_to_a_higher_score_leads_a_steeper_rise_behind_it(
+        store: LeaderboardStore) -> None:
+    # HalfCheetah, measured: SAC reached 4035 after 143 s and flattened; TD3 was at 3514
+    # after 177 s and rising faster. Extrapolated from where each stood (best + rate *
+    # 60 s), TD3 looked better and took the rounds; at equal training SAC leads
+    _curve(store, "sac", [1000.0, 2000.0, 2662.0, 3300.0, 4035.0, 3900.0, 3950.0])
+    _curve(store, "td3", [300.0, 600.0, 900.0, 1300.0, 1800.0, 2200.0, 2800.0, 3300.0,
+                          3900.0])
+    curves = {a: Curve.of(store.top(100, algorithm=a)) for a in ("sac", "td3")}
+    sac, td3 = curves["sac"], curves["td3"]
+    assert sac is not None and td3 is not None
+    # where each stood: TD3 +60 s ahead of SAC +60 s (the rule this replaces)
+    assert td3.at(td3.trained + 60.0, 4) > sac.at(sac.trained + 60.0, 4)
+    assert leader({"sac": sac, "td3": td3}, 4, 60.0) == "sac"
+    planner = _planner(store, {"sac": 1.0, "td3": 1.0}, members=1)
+    assert planner.allocation()["sac"] == pytest.approx(0.85)
+
+
+def test_the_leaders_best_lineage_keeps_a_pod_of_its_own(store: LeaderboardStore) -> None:
+    _curve(store, "ppo", [100.0, 110.0])
+    _put(store, "a", "sac", 500.0, wall=100.0)  # the leader's best lineage
+    _put(store, "b", "sac", 300.0, wall=100.0, hparams={"lr": 2e-3})
+    planner = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=2)
+    for k in range(10):  # sac has had more than its share of the recent rounds
+        planner.issued(f"s{k}", Plan("sac", None, False, "test"))
+    # the other pod is busy (rounds s0..s9 are in flight): a is continued though the
+    # round robin owes ppo its floor
+    plan = planner.next()
+    assert plan.algorithm == "sac" and plan.parent is not None and plan.parent.id == "a"
+    assert plan.reason == "continue the leader's best lineage" and not plan.mutate
+    planner.issued("a1", plan)
+    assert planner.next().algorithm == "ppo"  # a is busy: the round robin decides
+    # nothing else in flight (one pod): the round robin decides from the start
+    alone = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=2)
+    for k in range(10):
+        alone.rounds["sac"] = alone.rounds.get("sac", 0.0) * 0.9 + 1.0
+    assert alone.next().algorithm == "ppo"
 
 
 def test_a_round_that_scores_below_an_earlier_one_costs_no_share(
@@ -301,7 +350,8 @@ def test_reproducible_mode_counts_env_steps_not_seconds(store: LeaderboardStore)
     head = _curve(store, "sac", [0.0, 0.0, 0.0, 100.0, 200.0, 300.0, 400.0], wall=10.0)
     entries = store.top(100, algorithm="sac")
     by_steps = Family(entries, by_steps=True)
-    # 100 points per 100 steps over the last 4 evaluations, times a horizon of 50 steps
-    assert prospect(entries, 4, 50.0, by_steps=True) == pytest.approx(450.0)
+    # 100 points per 100 steps over the last 4 evaluations: 50 steps beyond, 50 more
+    curve = Curve.of(entries, by_steps=True)
+    assert curve is not None and curve.at(750.0, 4) == pytest.approx(450.0)
     assert by_steps.since(head) == pytest.approx(700.0)
     assert Family(store.top(100, algorithm="sac")).since(head) == pytest.approx(70.0)
