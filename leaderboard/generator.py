@@ -7,7 +7,7 @@ consumes, so the first pod finds work). Issuing just in time, rather than keepin
 stock of waiting initializations, lets a round continue the newest checkpoint of its
 lineage instead of one a round older.
 
-What each round is comes from ``leaderboard.population.Planner`` (quota per algorithm;
+What each round is comes from ``leaderboard.population.Planner`` (shares per algorithm;
 continue, branch or start a lineage) and ``InitializationMaker`` (weights, optimizer
 state, hyperparameters):
 

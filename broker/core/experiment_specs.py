@@ -64,8 +64,8 @@ class PopulationSpec:
     ready_s: float = 0.0
     """Seconds a lineage trains before it is judged; 0: three rounds' worth."""
     min_share: float = 0.15
-    """Share of rounds each algorithm keeps once measured; the rest goes to the best
-    prospect (``leaderboard.population``)."""
+    """Share of rounds each algorithm keeps once measured; the rest goes to the leader
+    (``leaderboard.population``)."""
 
 
 MIN_ROUND_S = 10.0
