@@ -11,27 +11,27 @@ weights, so the score curve runs on through it), on an axis of training seconds
    against the training seconds it has had (its rounds' wall times summed, in the order
    they came back). The curve never falls, so a round that scores below an earlier one
    (common on MuJoCo: Hopper's SAC went 202, then 15) costs the algorithm nothing; it only
-   stops adding to it. Two algorithms are compared where both have trained as long: at
-   the lesser of their training plus ``ready_s``, each read off its curve where it got
-   that far, else its newest best plus the curve's rise per second over its last
-   ``window`` points times the rest. So an algorithm that reached a score with less
-   training leads one that needed more (HalfCheetah, measured: SAC at 4035 after 143 s
-   leads TD3 at 3514 after 177 s, however steep TD3's last rise), an early leader that
-   flattens (PPO) hands over to a slower starter once the starter passes it at equal
-   training or will within ``ready_s``, and a starved algorithm is judged on its own
-   training seconds, not on the time it waited, and extrapolated by ``ready_s`` at most.
-   The *leader* wins the most of these pairs (ties: the higher best so far). An
-   algorithm with fewer than two checkpoints gets its mix weight: it is measured before
-   it is judged, however long that takes, and no fixed warm-up is needed. Once measured,
-   every algorithm keeps a floor of ``min_share`` (times its mix weight relative to the
-   others) so the mix stays alive, and the rest of the rounds goes to the leader. The
-   round goes to the algorithm furthest below its share of the recent rounds (deficit
-   round robin over counts that decay by ``RECENT_DECAY`` per round, so a change of
-   shares takes effect at once rather than after the old surplus is paid back), except
-   that **the leader's best lineage keeps a pod of its own**: while another round is in
-   flight (more than one pod), its idle best head is continued first, so the floors and
-   the leader's other lineages share the other pods and the lineage most likely to win
-   trains without a gap, as a lone pod would.
+   stops adding to it. Two algorithms are compared where both have trained as long: where
+   the less trained one stands, the other's curve read off at the same training. So an
+   algorithm that reached a score with less training leads one that needed more,
+   however steep the other's last rise; an early leader that flattens (PPO) hands over to a
+   slower starter as soon as the starter passes it at equal training; and a starved
+   algorithm is judged on its own training seconds, not on the time it waited. Nothing
+   is extrapolated: early curves jump (HalfCheetah's PPO went -184, -188, 1227), and a
+   rise projected from them (best + recent rate * ``ready_s``, the rule before this one)
+   handed rounds back and forth between close risers and to the one that was behind. The *leader*
+   wins the most of these pairs (ties: the higher best so far). An algorithm with fewer
+   than two checkpoints gets its mix weight: it is measured before it is judged, however
+   long that takes, and no fixed warm-up is needed. Once measured, every algorithm keeps
+   a floor of ``min_share`` (times its mix weight relative to the others) so the mix
+   stays alive, and the rest of the rounds goes to the leader. The round goes to the
+   algorithm furthest below its share of the recent rounds (deficit round robin over
+   counts that decay by ``RECENT_DECAY`` per round, so a change of shares takes effect
+   at once rather than after the old surplus is paid back), except that, once every
+   algorithm is measured, **the leader's best lineage keeps a pod of its own**: while
+   another round is in flight (more than one pod), its idle best head is continued
+   first, so the floors and the leader's other lineages share the other pods and the
+   lineage most likely to win trains without a gap, as a lone pod would.
 2. **Lineage, within the algorithm**:
 
    * no checkpoint yet, or with probability ``explore_p``: a *fresh* lineage (tuned
@@ -166,38 +166,35 @@ class Curve:
         """Training behind the newest point."""
         return self.points[-1][0]
 
-    def rate(self, window: int) -> float:
-        """The curve's rise per unit of training over its last ``window`` points."""
-        (t0, b0), (t1, b1) = self.points[-min(window, len(self.points))], self.points[-1]
-        return (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+    @property
+    def best(self) -> float:
+        """The best score so far."""
+        return self.points[-1][1]
 
-    def at(self, training: float, window: int) -> float:
-        """The best so far after ``training``: read off the curve where it reaches that
-        far, else its newest best plus its recent ``rate`` over the rest."""
-        if training >= self.trained:
-            return self.points[-1][1] + self.rate(window) * (training - self.trained)
+    def at(self, training: float) -> float:
+        """The best so far after ``training`` (the first score, before the first point)."""
         reached = [best for clock, best in self.points if clock <= training]
         return reached[-1] if reached else self.points[0][1]
 
 
-def leader(curves: Mapping[str, Curve], window: int, horizon: float) -> str | None:
+def leader(curves: Mapping[str, Curve]) -> str | None:
     """The algorithm whose curve is highest at equal training (module doc, step 1): each
-    pair is compared at the lesser of their training plus ``horizon``; the most pairs won
-    leads (ties: the higher best so far, then the order given)."""
+    pair is compared where the less trained one stands; the most pairs won leads (ties:
+    the higher best so far, then the order given)."""
     names = list(curves)
     if not names:
         return None
     wins = dict.fromkeys(names, 0)
     for a, b in itertools.combinations(names, 2):
-        point = min(curves[a].trained, curves[b].trained) + horizon
-        ahead = curves[a].at(point, window) - curves[b].at(point, window)
+        point = min(curves[a].trained, curves[b].trained)
+        ahead = curves[a].at(point) - curves[b].at(point)
         if ahead:
             wins[a if ahead > 0 else b] += 1
-    return max(names, key=lambda n: (wins[n], curves[n].points[-1][1], -names.index(n)))
+    return max(names, key=lambda n: (wins[n], curves[n].best, -names.index(n)))
 
 
-def shares(mix: Mapping[str, float], curves: Mapping[str, Curve | None], min_share: float,
-           window: int = 4, horizon: float = 60.0) -> dict[str, float]:
+def shares(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
+           min_share: float) -> dict[str, float]:
     """Share of rounds per algorithm (module doc, step 1). ``curves`` maps an algorithm to
     its curve (``None`` or absent: not measured yet)."""
     total = sum(mix.values())
@@ -213,7 +210,7 @@ def shares(mix: Mapping[str, float], curves: Mapping[str, Curve | None], min_sha
     pot = left - sum(floors.values())
     if pot <= 0.0:  # floors too large to leave anything to earn: the mix
         return weights
-    first = leader(measured, window, horizon)
+    first = leader(measured)
     return {**out, **{a: floors[a] + (pot if a == first else 0.0) for a in measured}}
 
 
@@ -356,7 +353,7 @@ class Planner:
     def allocation(self) -> dict[str, float]:
         """The share of rounds each algorithm gets now (module doc, step 1)."""
         cfg = self.config
-        return shares(self.mix, self._curves(), cfg.min_share, cfg.window, cfg.ready_s)
+        return shares(self.mix, self._curves(), cfg.min_share)
 
     def _algorithm(self, share: Mapping[str, float]) -> str:
         order = list(self.mix)
@@ -372,10 +369,10 @@ class Planner:
         self._settle()
         cfg = self.config
         curves = self._curves()
-        share = shares(self.mix, curves, cfg.min_share, cfg.window, cfg.ready_s)
-        first = leader({a: c for a, c in curves.items() if c is not None}, cfg.window,
-                       cfg.ready_s)
-        if first is not None and len(self.mix) > 1 and self._issued:
+        share = shares(self.mix, curves, cfg.min_share)
+        measured = {a: c for a, c in curves.items() if c is not None}
+        first = leader(measured)
+        if first is not None and len(measured) == len(self.mix) > 1 and self._issued:
             heads = Family(self.store.top(1_000_000, algorithm=first), cfg.by_steps).heads
             if self._idle(heads[0]):
                 return Plan(first, heads[0], False, "continue the leader's best lineage")

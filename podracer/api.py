@@ -88,7 +88,7 @@ def build_experiment(env: str | None, algos: Algos | None, budget: str | None,
                      target: float | None, *, experiment: str | Path | None = None,
                      **fields: Any) -> Experiment:
     """The experiment ``podracer train`` would run for these arguments (``fields``:
-    ``pods``, ``seed``, ``name``, ``round_budget``)."""
+    ``pods``, ``seed``, ``name``, ``round_budget``, ``reproducible``)."""
     from agents.registry import default_registry
     from broker.core.experiment import parse_experiment
     from broker.core.settings import DEFAULT_ENV, default_experiment, read_experiment
@@ -98,7 +98,8 @@ def build_experiment(env: str | None, algos: Algos | None, budget: str | None,
 
     exp = read_experiment(experiment) if experiment else default_experiment(env or DEFAULT_ENV)
     data = exp.with_overrides({"env": env, "target_score": target, "pods": fields.get("pods"),
-                               "seed": fields.get("seed"), "name": fields.get("name")}
+                               "seed": fields.get("seed"), "name": fields.get("name"),
+                               "reproducible": True if fields.get("reproducible") else None}
                               ).to_dict()
     if budget is not None:
         data["total_budget"] = parse_budget(budget, "budget")
@@ -121,7 +122,7 @@ def train(env: str | None = None, algos: Algos | None = None, budget: str | None
           round_budget: str | None = None, device: str | None = None,
           out: str | Path | None = None, name: str | None = None,
           experiment: str | Path | None = None, threads: int | None = None,
-          progress: bool = False) -> TrainingResult:
+          progress: bool = False, reproducible: bool = False) -> TrainingResult:
     """Run a tournament in this process (embedded, nothing else needed) and return it.
 
     ``env`` a Podracer env name (default ``torch/Pendulum-v1``); ``algos`` the mix
@@ -131,7 +132,10 @@ def train(env: str | None = None, algos: Algos | None = None, budget: str | None
     best score; ``experiment`` an experiment file whose values the other arguments
     override; ``out`` the run directory
     (default ``runs/<name>``, or ``runs/<name>-2``... when that holds a run already);
-    ``progress`` shows the live view. Raises ``ConfigError`` before anything starts when
+    ``progress`` shows the live view; ``reproducible`` is ``--reproducible`` (one pod,
+    seeded evaluations, training counted in env steps: give ``budget`` and
+    ``round_budget`` in steps, e.g. ``"50k"``, and the same call gives the same
+    leaderboard). Raises ``ConfigError`` before anything starts when
     the set-up cannot work, ``TrainingFailed`` when the run stored no checkpoint.
     """
     from broker.core.settings import Settings
@@ -142,7 +146,8 @@ def train(env: str | None = None, algos: Algos | None = None, budget: str | None
     from podracer.train import train as run_training
 
     exp = build_experiment(env, algos, budget, target, experiment=experiment, pods=pods,
-                           seed=seed, name=name, round_budget=round_budget)
+                           seed=seed, name=name, round_budget=round_budget,
+                           reproducible=reproducible)
     checked = preflight(Settings(experiment=exp, device=device, torch_threads=threads),
                         explicit_algos=algos is not None or experiment is not None)
     if checked.note:

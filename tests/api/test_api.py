@@ -90,6 +90,22 @@ def test_a_broken_setup_raises_before_anything_is_written(tmp_path: Path,
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_api_asks_for_reproducible_mode_as_the_cli_does(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    from podracer.api import build_experiment
+
+    exp = build_experiment("torch/Pendulum-v1", "ppo", "4k", None, round_budget="1k",
+                           reproducible=True)
+    assert exp.reproducible and exp.pods == 1
+    assert not build_experiment("torch/Pendulum-v1", "ppo", "4k", None).reproducible
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="round_budget"):  # wall seconds cannot repeat
+        podracer.train(env="torch/Pendulum-v1", algos="ppo", budget="4k",
+                       round_budget="2s", reproducible=True)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_train_inside_a_running_event_loop(tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)

@@ -37,6 +37,21 @@ async def next_within(items: AsyncIterator[T], seconds: float = 10.0) -> T:
     return await asyncio.wait_for(anext(items), seconds)
 
 
+async def take_a_round(generator: Transport, pod: Transport, experiment: str,
+                       seed: int) -> Checkpoint:
+    """The pod role's own path: ``generator`` feeds a round, ``pod`` takes it, sends a
+    checkpoint to the updater and acks the round; returns the checkpoint sent."""
+    init = make_init(experiment, seed=seed)
+    await generator.publish("generator", init)
+    async with pod.consume("generator", prefetch=1, expect=Initialization) as inbox:
+        delivery = await next_within(inbox)
+        assert delivery.message.id == init.id
+        checkpoint = make_checkpoint(experiment)
+        await pod.publish("updater", checkpoint)
+        await delivery.ack()
+    return checkpoint
+
+
 async def nothing_within(items: AsyncIterator[T], seconds: float) -> bool:
     """True if no item arrives within ``seconds`` (the wait is cancelled safely)."""
     try:

@@ -15,8 +15,7 @@ import torch
 
 from broker.core.errors import ConfigError
 from broker.core.schemas import Checkpoint
-from leaderboard.population import (Curve, Family, Plan, Planner, PopulationConfig, leader,
-                                   shares)
+from leaderboard.population import Curve, Family, Plan, Planner, PopulationConfig, leader, shares
 from leaderboard.selection import Tournament
 from leaderboard.store import LeaderboardStore
 
@@ -111,11 +110,13 @@ def test_compute_follows_improvement_per_second(store: LeaderboardStore, trained
     assert counts[leader] >= 15 and min(counts.values()) >= 2
 
 
-def test_sac_takes_over_after_the_crossover_though_ppo_still_leads_in_score(
+def test_sac_takes_over_once_ahead_at_equal_training_though_ppo_leads_in_score(
         store: LeaderboardStore) -> None:
-    times = [20.0 * k for k in range(1, 7)]  # 120 s each: SAC at 2400, PPO at 3000
-    _curve(store, "ppo", [ppo_fast_then_flat(t) for t in times])
-    _curve(store, "sac", [sac_slow_then_rising(t) for t in times])
+    # PPO: 3000 after a minute, then slowly on (240 s, best 5160); SAC: nothing for a
+    # minute, then steeply (140 s, 4800). After 140 s of each, SAC is ahead (4800 > 3800)
+    _curve(store, "ppo", [ppo_fast_then_flat(t) + 12.0 * max(0.0, t - 60.0)
+                          for t in range(20, 241, 20)])
+    _curve(store, "sac", [1.5 * sac_slow_then_rising(t) for t in range(20, 141, 20)])
     planner = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=1)
     assert store.best() is not None and store.best().algorithm == "ppo"  # type: ignore[union-attr]
     assert planner.allocation()["sac"] > 0.8
@@ -123,9 +124,9 @@ def test_sac_takes_over_after_the_crossover_though_ppo_still_leads_in_score(
 
 def test_a_starved_algorithm_is_judged_on_its_own_training_time(
         store: LeaderboardStore) -> None:
-    # SAC had only two rounds (its floor) while PPO had twelve: its rate counts its
-    # 40 s of training, not the 240 s of the experiment
-    _curve(store, "ppo", [3000.0 + (k % 2) for k in range(12)])
+    # SAC had only two rounds (its floor) while PPO had twelve and a higher best: after
+    # SAC's 40 s of training PPO stood at 600, SAC at 900
+    _curve(store, "ppo", [500.0 + 100.0 * k for k in range(12)])
     _curve(store, "sac", [100.0, 900.0])
     planner = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=1)
     assert planner.allocation()["sac"] > 0.8
@@ -278,37 +279,30 @@ def test_a_lead_within_the_noise_takes_no_lineage_over(store: LeaderboardStore) 
     assert plan.parent is not None and plan.parent.id == "b3" and plan.reason == "continue"
 
 
-def test_a_curve_is_read_where_it_got_to_and_extrapolated_beyond(
-        store: LeaderboardStore) -> None:
-    _curve(store, "sac", [0.0, 0.0, 0.0, 100.0, 200.0, 300.0, 400.0], wall=10.0)
+def test_a_curve_is_its_best_so_far_against_its_training(store: LeaderboardStore) -> None:
+    _curve(store, "sac", [0.0, 0.0, 0.0, 100.0, 50.0, 300.0, 400.0], wall=10.0)
     entries = store.top(100, algorithm="sac")
     curve = Curve.of(entries)
     assert curve is not None and curve.trained == pytest.approx(70.0)
-    assert curve.at(45.0, 4) == pytest.approx(100.0)  # read off: 100 after 40 s
-    # beyond: the curve rose 300 over its last 4 evaluations (30 s), 10 per second
-    assert curve.at(130.0, 4) == pytest.approx(400.0 + 10.0 * 60.0)
+    assert curve.at(45.0) == pytest.approx(100.0) and curve.at(55.0) == pytest.approx(100.0)
+    assert curve.best == curve.at(70.0) == pytest.approx(400.0)
     assert Curve.of(entries[-1:]) is None  # one evaluation: not measured
     family = Family(entries)
-    head = "sac6"
-    assert family.improving(head, 4, 16) and family.improving("sac0", 4, 16)
+    assert family.improving("sac6", 4, 16) and family.improving("sac0", 4, 16)
     assert not family.improving("sac2", 3, 16)
 
 
-def test_less_training_to_a_higher_score_leads_a_steeper_rise_behind_it(
+def test_an_early_jump_takes_no_rounds_from_the_algorithm_ahead(
         store: LeaderboardStore) -> None:
-    # HalfCheetah, measured: SAC reached 4035 after 143 s and flattened; TD3 was at 3514
-    # after 177 s and rising faster. Extrapolated from where each stood (best + rate *
-    # 60 s), TD3 looked better and took the rounds; at equal training SAC leads
-    _curve(store, "sac", [1000.0, 2000.0, 2662.0, 3300.0, 4035.0, 3900.0, 3950.0])
-    _curve(store, "td3", [300.0, 600.0, 900.0, 1300.0, 1800.0, 2200.0, 2800.0, 3300.0,
-                          3900.0])
-    curves = {a: Curve.of(store.top(100, algorithm=a)) for a in ("sac", "td3")}
-    sac, td3 = curves["sac"], curves["td3"]
-    assert sac is not None and td3 is not None
-    # where each stood: TD3 +60 s ahead of SAC +60 s (the rule this replaces)
-    assert td3.at(td3.trained + 60.0, 4) > sac.at(sac.trained + 60.0, 4)
-    assert leader({"sac": sac, "td3": td3}, 4, 60.0) == "sac"
-    planner = _planner(store, {"sac": 1.0, "td3": 1.0}, members=1)
+    # HalfCheetah, measured: PPO went -184, -188, 1227 (23 s rounds) while SAC stood at
+    # 58, 388 (21 s rounds). Projected at their recent rise over 60 s (the rule before),
+    # PPO's 1227 + 31/s * 60 s beat SAC's 388 + 16/s * 60 s, and PPO took SAC's pod. At
+    # equal training (SAC's 42 s) SAC is ahead, 388 against -184
+    _curve(store, "ppo", [-184.2, -187.9, 1227.1], wall=23.0)
+    _curve(store, "sac", [58.0, 388.5], wall=21.0)
+    curves = {a: Curve.of(store.top(100, algorithm=a)) for a in ("ppo", "sac")}
+    assert leader({a: c for a, c in curves.items() if c is not None}) == "sac"
+    planner = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=1)
     assert planner.allocation()["sac"] == pytest.approx(0.85)
 
 
@@ -328,9 +322,14 @@ def test_the_leaders_best_lineage_keeps_a_pod_of_its_own(store: LeaderboardStore
     assert planner.next().algorithm == "ppo"  # a is busy: the round robin decides
     # nothing else in flight (one pod): the round robin decides from the start
     alone = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=2)
-    for k in range(10):
+    for _ in range(10):
         alone.rounds["sac"] = alone.rounds.get("sac", 0.0) * 0.9 + 1.0
     assert alone.next().algorithm == "ppo"
+    # an algorithm not measured yet (td3): it is measured first, no pod is kept
+    waiting = _planner(store, {"ppo": 1.0, "sac": 1.0, "td3": 1.0}, members=2)
+    for k in range(10):
+        waiting.issued(f"w{k}", Plan("sac", None, False, "test"))
+    assert waiting.next().algorithm == "td3"
 
 
 def test_a_round_that_scores_below_an_earlier_one_costs_no_share(
@@ -350,8 +349,7 @@ def test_reproducible_mode_counts_env_steps_not_seconds(store: LeaderboardStore)
     head = _curve(store, "sac", [0.0, 0.0, 0.0, 100.0, 200.0, 300.0, 400.0], wall=10.0)
     entries = store.top(100, algorithm="sac")
     by_steps = Family(entries, by_steps=True)
-    # 100 points per 100 steps over the last 4 evaluations: 50 steps beyond, 50 more
-    curve = Curve.of(entries, by_steps=True)
-    assert curve is not None and curve.at(750.0, 4) == pytest.approx(450.0)
+    curve = Curve.of(entries, by_steps=True)  # 100 steps per checkpoint
+    assert curve is not None and curve.at(450.0) == pytest.approx(100.0)
     assert by_steps.since(head) == pytest.approx(700.0)
     assert Family(store.top(100, algorithm="sac")).since(head) == pytest.approx(70.0)

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "broker"))
-from transport_helpers import make_checkpoint, make_init, next_within, nothing_within
+from transport_helpers import make_init, next_within, nothing_within, take_a_round
 
 from broker.core.errors import ConfigError, PublishError
-from broker.core.schemas import Checkpoint, Heartbeat, Initialization, Metrics
+from broker.core.schemas import Checkpoint, Heartbeat, Metrics
 from broker.core.topology import Topology
 from broker.runtime.users import pod_name, pod_permissions, role_permissions
 from broker.transports.connect import connect
@@ -68,14 +68,7 @@ async def test_a_pod_user_does_the_pod_roles_work(
     async with connect(urls["updater"], experiment=experiment) as updater, \
             connect(urls["generator"], experiment=experiment) as generator, \
             connect(pod_urls["pod-2"], experiment=experiment) as pod:
-        init = make_init(experiment, seed=5)
-        await generator.publish("generator", init)
-        async with pod.consume("generator", prefetch=1, expect=Initialization) as inbox:
-            delivery = await next_within(inbox)
-            assert delivery.message.id == init.id
-            checkpoint = make_checkpoint(experiment)
-            await pod.publish("updater", checkpoint)
-            await delivery.ack()
+        checkpoint = await take_a_round(generator, pod, experiment, seed=5)
         with pytest.raises(PublishError, match="ACCESS_REFUSED"):
             await pod.publish("generator", make_init(experiment))
         async with updater.consume("updater", prefetch=1, expect=Checkpoint) as inbox:

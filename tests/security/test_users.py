@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "broker"))
-from transport_helpers import make_checkpoint, make_init, next_within
+from transport_helpers import make_init, next_within, take_a_round
 
 from broker.core.errors import ConnectionClosed, PublishError
-from broker.core.schemas import Checkpoint, Heartbeat, Initialization, Stop
+from broker.core.schemas import Checkpoint, Heartbeat, Stop
 from broker.core.topology import Topology
 from broker.runtime.users import (
     role_permissions,
@@ -48,17 +48,10 @@ async def test_each_role_does_its_job_and_a_pod_nothing_else(
             connect(urls["orchestrator"], experiment=experiment) as orchestrator, \
             connect(urls["operator"], experiment=experiment) as operator:
         # the pod's own path: take a round, send its checkpoint and heartbeat
-        init = make_init(experiment, seed=3)
-        await generator.publish("generator", init)
         # subscriber queues are named after the service that reads them (its user's)
         async with operator.subscribe(["heartbeat.*"], service="status") as beats, \
                 pod.subscribe(["control.stop"], service="pod") as stops:
-            async with pod.consume("generator", prefetch=1, expect=Initialization) as inbox:
-                delivery = await next_within(inbox)
-                assert delivery.message.id == init.id
-                checkpoint = make_checkpoint(experiment)
-                await pod.publish("updater", checkpoint)
-                await delivery.ack()
+            checkpoint = await take_a_round(generator, pod, experiment, seed=3)
             beat = Heartbeat(experiment=experiment, pod="pod-1")
             await pod.publish_event("heartbeat.pod-1", beat)
             assert (await next_within(beats)).id == beat.id
