@@ -320,6 +320,12 @@ def test_the_leaders_best_lineage_keeps_a_pod_of_its_own(store: LeaderboardStore
     assert plan.reason == "continue the leader's best lineage" and not plan.mutate
     planner.issued("a1", plan)
     assert planner.next().algorithm == "ppo"  # a is busy: the round robin decides
+    # b overtakes a while a's round is in flight: b is continued by the round robin,
+    # not as a second pod of the leader's own (both lineages would then hold every pod)
+    _put(store, "b1", "sac", 900.0, parent="b", wall=20.0, hparams={"lr": 2e-3})
+    planner.issued("p1", Plan("ppo", None, False, "test"))
+    again = planner.next()
+    assert again.reason != "continue the leader's best lineage"
     # nothing else in flight (one pod): the round robin decides from the start
     alone = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=2)
     for _ in range(10):
