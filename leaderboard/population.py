@@ -27,15 +27,21 @@ weights, so the score curve runs on through it), on an axis of training seconds
    stays alive, and the rest of the rounds goes to the leader. The round goes to the
    algorithm furthest below its share of the recent rounds (deficit round robin over
    counts that decay by ``RECENT_DECAY`` per round, so a change of shares takes effect
-   at once rather than after the old surplus is paid back), except that, once every
-   algorithm is measured, **the leader's best lineage keeps a pod of its own**: while
-   another round is in flight (more than one pod) and none of them is on that pod, its
-   idle best head is continued first, so the floors and the leader's other lineages
-   share the other pods and the lineage most likely to win trains without a gap, as a
-   lone pod would. One pod, not one per lineage that becomes the best: measured on
-   HalfCheetah, two SAC lineages that overtook each other in turn each claimed it, held
-   both pods for 130 s and starved the floors, while TD3, which reached 6275 in 105 s
-   of training once it had rounds, waited.
+   at once rather than after the old surplus is paid back).
+
+   With more than one pod, once every algorithm is measured, **the leader's best
+   lineage keeps a pod of its own** and the other pods explore: when a round comes
+   back and none in flight is on the leader's pod, the leader's idle best head is
+   continued there (``KEEPER``), so the lineage most likely to win trains without a
+   gap, as a lone pod would. The other pods' rounds go round robin by the mix weights,
+   the leader's other lineages included, so every challenger keeps gaining training
+   and is compared at equal training soon enough to take the leader's pod. Measured on
+   HalfCheetah, both alternatives starved the challengers: a pod for every lineage
+   that became the leader's best (two SAC lineages overtook each other in turn and held
+   both pods for 130 s while TD3, which then reached 6275 in 105 s of training, waited),
+   and the floors on the other pod (SAC's floor was spent on its measuring rounds; it
+   waited 150 s, then led at equal training from its next round on). On one pod the
+   shares decide every round.
 2. **Lineage, within the algorithm**:
 
    * no checkpoint yet, or with probability ``explore_p``: a *fresh* lineage (tuned
@@ -327,10 +333,12 @@ class Planner:
 
     def issued(self, init_id: str, plan: Plan) -> None:
         """Record that the initialization ``init_id`` carries out ``plan``."""
+        self._issued[init_id] = _Issued(plan, self.clock())
+        if plan.reason == KEEPER:  # the leader's own pod: not a round of the shared ones
+            return
         for name in self.rounds:
             self.rounds[name] *= RECENT_DECAY
         self.rounds[plan.algorithm] = self.rounds.get(plan.algorithm, 0.0) + 1.0
-        self._issued[init_id] = _Issued(plan, self.clock())
 
     def _settle(self) -> None:
         """Forget rounds that came back, or were lost (dropped, dead-lettered)."""
@@ -362,6 +370,8 @@ class Planner:
         return shares(self.mix, self._curves(), cfg.min_share)
 
     def _algorithm(self, share: Mapping[str, float]) -> str:
+        total = sum(share.values())
+        share = {a: w / total for a, w in share.items()}
         order = list(self.mix)
         return min(order, key=lambda a: ((self.rounds.get(a, 0.0) + 1.0) / max(share[a], 1e-9),
                                          order.index(a)))
@@ -378,13 +388,13 @@ class Planner:
         share = shares(self.mix, curves, cfg.min_share)
         measured = {a: c for a, c in curves.items() if c is not None}
         first = leader(measured)
-        kept = [r for r in self._issued.values() if r.plan.reason == KEEPER]
-        if first is not None and len(measured) == len(self.mix) > 1 and self._issued \
-                and not kept:
+        shared_pods = first is not None and len(measured) == len(self.mix) > 1 \
+            and bool(self._issued)
+        if shared_pods and not any(r.plan.reason == KEEPER for r in self._issued.values()):
             heads = Family(self.store.top(1_000_000, algorithm=first), cfg.by_steps).heads
             if self._idle(heads[0]):
                 return Plan(first, heads[0], False, KEEPER)
-        algorithm = self._algorithm(share)
+        algorithm = self._algorithm(self.mix if shared_pods else share)
         family = Family(self.store.top(1_000_000, algorithm=algorithm), cfg.by_steps)
         heads = family.heads
         if not heads:

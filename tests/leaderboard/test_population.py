@@ -78,6 +78,10 @@ def _curve(store: LeaderboardStore, algorithm: str, scores: list[float],
 
 
 def _rounds(planner: Planner, n: int) -> dict[str, int]:
+    """``n`` rounds on one pod: each is over (lost, nothing stored) before the next, so
+    the shares decide every round."""
+    ticks = itertools.count(0.0, planner.lost_after_s + 1.0)
+    planner.clock = lambda: next(ticks)
     counts = dict.fromkeys(planner.mix, 0)
     for k in range(n):
         plan = planner.next()
@@ -318,8 +322,14 @@ def test_the_leaders_best_lineage_keeps_a_pod_of_its_own(store: LeaderboardStore
     plan = planner.next()
     assert plan.algorithm == "sac" and plan.parent is not None and plan.parent.id == "a"
     assert plan.reason == "continue the leader's best lineage" and not plan.mutate
+    before = dict(planner.rounds)
     planner.issued("a1", plan)
-    assert planner.next().algorithm == "ppo"  # a is busy: the round robin decides
+    assert planner.rounds == before  # the leader's own pod: not a round of the others
+    # a is busy: the other pod goes round robin by the mix (1:1), not by the shares
+    # (0.85 sac): by the shares sac would be owed the round, by the mix ppo is
+    assert planner.allocation()["sac"] == pytest.approx(0.85)
+    planner.rounds.update(sac=1.0, ppo=0.5)
+    assert planner.next().algorithm == "ppo"
     # b overtakes a while a's round is in flight: b is continued by the round robin,
     # not as a second pod of the leader's own (both lineages would then hold every pod)
     _put(store, "b1", "sac", 900.0, parent="b", wall=20.0, hparams={"lr": 2e-3})
