@@ -390,7 +390,8 @@ class Planner:
         first = leader(measured)
         shared_pods = first is not None and len(measured) == len(self.mix) > 1 \
             and bool(self._issued)
-        if shared_pods and not any(r.plan.reason == KEEPER for r in self._issued.values()):
+        if shared_pods and first is not None \
+                and not any(r.plan.reason == KEEPER for r in self._issued.values()):
             heads = Family(self.store.top(1_000_000, algorithm=first), cfg.by_steps).heads
             if self._idle(heads[0]):
                 return Plan(first, heads[0], False, KEEPER)
