@@ -50,7 +50,7 @@ def _planner(store: LeaderboardStore, mix: dict[str, float] | None = None,
 
 def _flat(score: float) -> Curve:
     """Two 20 s rounds that both scored ``score``."""
-    return Curve(((20.0, score), (40.0, score)))
+    return Curve(((20.0, score, 0.0), (40.0, score, 0.0)))
 
 
 def test_shares_follow_the_mix_until_measured_then_the_leader() -> None:
@@ -308,6 +308,19 @@ def test_an_early_jump_takes_no_rounds_from_the_algorithm_ahead(
     assert leader({a: c for a, c in curves.items() if c is not None}) == "sac"
     planner = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=1)
     assert planner.allocation()["sac"] == pytest.approx(0.85)
+
+
+def test_a_lead_at_equal_training_within_the_noise_wins_nothing() -> None:
+    # HalfCheetah, measured: after 85 s each, TD3 4045 (episode std 929) against SAC
+    # 4013 (std 72), while SAC had gone on to 5521. Counted as a win, TD3 took the
+    # leader's pod and SAC's best lineage stopped
+    sac = Curve(((21.3, -52.6, 40.0), (42.5, 2210.8, 80.0), (63.8, 2727.1, 80.0),
+                 (85.0, 4013.2, 71.5), (106.2, 4086.6, 70.0), (185.0, 5520.6, 71.7)))
+    td3 = Curve(((21.3, -215.9, 50.0), (42.8, 1511.0, 300.0), (64.1, 2691.6, 200.0),
+                 (85.3, 4044.8, 929.0)))
+    assert td3.at(85.3) > sac.at(85.3)
+    assert leader({"sac": sac, "td3": td3}, episodes=16) == "sac"  # the further along
+    assert leader({"sac": sac, "td3": td3}, episodes=16_000) == "td3"  # a clear lead
 
 
 def test_the_leaders_best_lineage_keeps_a_pod_of_its_own(store: LeaderboardStore) -> None:
