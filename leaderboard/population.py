@@ -103,7 +103,8 @@ class PopulationConfig:
     """Training seconds a lineage gets after it starts or branches before it is judged."""
     min_share: float = 0.15
     """Floor of the rounds every algorithm keeps once measured (times its mix weight
-    relative to the others); the rest goes to the leader (module doc)."""
+    relative to the others) while the shares decide every round (one pod); the rest goes
+    to the leader (module doc)."""
     explore_p: float = 0.0
     """Probability that a round starts a fresh lineage with sampled hyperparameters."""
     window: int = 4

@@ -64,8 +64,9 @@ class PopulationSpec:
     ready_s: float = 0.0
     """Seconds a lineage trains before it is judged; 0: three rounds' worth."""
     min_share: float = 0.15
-    """Share of rounds each algorithm keeps once measured; the rest goes to the leader
-    (``leaderboard.population``)."""
+    """Share of rounds each algorithm keeps once measured, on one pod; the rest goes to
+    the leader (with more pods the leader keeps one and the others follow the mix:
+    ``leaderboard.population``)."""
 
 
 MIN_ROUND_S = 10.0
