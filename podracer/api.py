@@ -98,8 +98,7 @@ def build_experiment(env: str | None, algos: Algos | None, budget: str | None,
 
     exp = read_experiment(experiment) if experiment else default_experiment(env or DEFAULT_ENV)
     data = exp.with_overrides({"env": env, "target_score": target, "pods": fields.get("pods"),
-                               "seed": fields.get("seed"), "name": fields.get("name"),
-                               "reproducible": True if fields.get("reproducible") else None}
+                               "seed": fields.get("seed"), "name": fields.get("name")}
                               ).to_dict()
     if budget is not None:
         data["total_budget"] = parse_budget(budget, "budget")
@@ -109,6 +108,8 @@ def build_experiment(env: str | None, algos: Algos | None, budget: str | None,
                                 else {"steps": rb["env_steps"]})
     elif budget is not None:
         data.pop("round_budget", None)  # derived from the total budget
+    if fields.get("reproducible"):
+        data["reproducible"] = True  # checked with the budgets above, in parse_experiment
     if algos is not None:
         data["algos"] = weights = _algos(algos)
         data["num_envs"] = {k: v for k, v in data["num_envs"].items() if k in weights}

@@ -80,7 +80,8 @@ def _curve(store: LeaderboardStore, algorithm: str, scores: list[float],
 def _rounds(planner: Planner, n: int) -> dict[str, int]:
     """``n`` rounds on one pod: each is over (lost, nothing stored) before the next, so
     the shares decide every round."""
-    ticks = itertools.count(0.0, planner.lost_after_s + 1.0)
+    step = planner.lost_after_s + 1.0
+    ticks = itertools.count(planner.clock() + step, step)
     planner.clock = lambda: next(ticks)
     counts = dict.fromkeys(planner.mix, 0)
     for k in range(n):
