@@ -26,6 +26,11 @@ SMALL = dict(num_envs=4, batch_size=8, learning_starts=8, hidden_size=16, update
 BEFORE_HTERM_LOSSES = [0.7490851084391276, 0.8932299613952637, 1.299803336461385,
                        1.8547264734903972]
 BEFORE_HTERM_FINGERPRINT = 1080.31729310519
+CPU_REL = 1e-4
+"""How far another CPU's float kernels may round these off: recorded on one machine, the
+same code on an AVX-512 Xeon differs from the 7th significant digit on (a loss of
+-0.00310743 came out -0.00310740). A change of the algorithm moves them far more (the
+H-term on: ``test_on_computes_the_term_and_changes_the_actor``)."""
 
 
 def _agent(seed: int = 3, **changes: object) -> tuple[SACAgent, object]:
@@ -41,12 +46,13 @@ def _fingerprint(state: dict[str, torch.Tensor]) -> float:
                      if v.is_floating_point() and not k.startswith("replay."))
 
 
-def test_off_is_bit_identical_to_sac_before_the_hterm() -> None:
+def test_off_matches_sac_before_the_hterm() -> None:
     torch.set_num_threads(1)
     agent, env = _agent()
     losses = [agent.train_iteration(env)["losses/actor"] for _ in range(4)]  # type: ignore[arg-type]
-    assert losses == BEFORE_HTERM_LOSSES
-    assert _fingerprint(agent.state_dict()) == BEFORE_HTERM_FINGERPRINT
+    assert losses == pytest.approx(BEFORE_HTERM_LOSSES, rel=CPU_REL)
+    assert _fingerprint(agent.state_dict()) == pytest.approx(BEFORE_HTERM_FINGERPRINT,
+                                                             rel=CPU_REL)
     assert SACConfig().hterm is False
 
 

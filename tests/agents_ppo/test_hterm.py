@@ -28,6 +28,11 @@ SMALL = dict(num_envs=16, rollout_steps=8, num_minibatches=2, update_epochs=2, h
 # one thread): the policy loss of three iterations and the sum of |every state tensor|.
 BEFORE_HTERM_LOSSES = [-0.0031074294820427895, -0.0007543822284787893, -0.002036660211160779]
 BEFORE_HTERM_FINGERPRINT = 743.9231540798777
+CPU_REL = 1e-4
+"""How far another CPU's float kernels may round these off: recorded on one machine, the
+same code on an AVX-512 Xeon differs from the 7th significant digit on (a loss of
+-0.00310743 came out -0.00310740). A change of the algorithm moves them far more (the
+H-term on: ``test_on_computes_the_term_and_changes_the_updates``)."""
 
 
 def _agent(seed: int = 3, **changes: object) -> tuple[PPOAgent, object]:
@@ -43,13 +48,13 @@ def _fingerprint(state: dict[str, torch.Tensor]) -> float:
                      if v.is_floating_point() and not k.startswith("hterm.")))
 
 
-def test_off_is_bit_identical_to_ppo_before_the_hterm() -> None:
+def test_off_matches_ppo_before_the_hterm() -> None:
     torch.set_num_threads(1)
     agent, env = _agent()
     losses = [agent.train_iteration(env)["losses/policy"] for _ in range(3)]  # type: ignore[arg-type]
-    assert losses == BEFORE_HTERM_LOSSES
+    assert losses == pytest.approx(BEFORE_HTERM_LOSSES, rel=CPU_REL)
     state = agent.state_dict()
-    assert _fingerprint(state) == BEFORE_HTERM_FINGERPRINT
+    assert _fingerprint(state) == pytest.approx(BEFORE_HTERM_FINGERPRINT, rel=CPU_REL)
     assert not any(k.startswith("hterm.") for k in state)
     assert PPOConfig().hterm is False
 
