@@ -22,9 +22,10 @@ Round semantics (documented here because the pod and the leaderboard rely on the
   snapshots (a lone agent's best checkpoint).
 * An evaluation that reaches ``target`` ends the round at once: the pod publishes,
   the leaderboard hears of the hit, and the experiment stops within one evaluation.
-* With ``snapshot_every_s``, a long round reports intermediate bests: at the first
-  evaluation at least that long after the last one reported, if it is the round's
-  best so far, a ``Snapshot`` (state, score, the steps and seconds since the last
+* With ``snapshot_every_s``, a long round reports intermediate bests: an evaluation
+  looks for one every ``snapshot_every_s`` (not in the last half interval of a timed
+  round, whose own checkpoint follows), and if it is the round's best so far, a
+  ``Snapshot`` (state, score, the steps and seconds since the last
   snapshot) goes to ``on_progress``. The pod publishes each as a checkpoint that the
   next one (and finally the round's own) continues, so the leaderboard hears of a long
   round's progress while it runs.
@@ -145,7 +146,8 @@ class _Evaluations:
     def __init__(self, agent: Agent, eval_env: VecEnv, episodes: int,
                  every_s: float | str | None, target: float | None,
                  snapshot_every_s: float | None, auto_start_s: float | None,
-                 feed: Feed | None = None, seed: int | None = None) -> None:
+                 feed: Feed | None = None, seed: int | None = None,
+                 budget_s: float | None = None) -> None:
         self.agent = agent
         self.feed = feed
         self.seed = seed
@@ -158,10 +160,14 @@ class _Evaluations:
         self.watch = not self.auto or target is not None
         self.target = target
         self.snapshot_every_s = snapshot_every_s
+        self.budget_s = budget_s
         self.snapshot: Snapshot | None = None
         """Set by ``run`` when a snapshot is due; taken by ``take_snapshot``."""
         self.start = time.monotonic()
         self.snapshot_at = (self.start, agent.env_steps, 0)
+        """(time, lineage env steps, pool rows) at the last snapshot reported."""
+        self.looked = self.start
+        """When an evaluation last looked for a snapshot (whether it made one or not)."""
         self.first_steps = agent.env_steps
         self.last = self.start
         self.best = BestSnapshot()
@@ -169,15 +175,25 @@ class _Evaluations:
         self.diverged = False
         self.reached = False
 
+    def _snapshot_due(self, now: float) -> bool:
+        # one look per interval, best or not (a look that found no new best used to leave
+        # the snapshot due: an evaluation after every iteration until one beat the best);
+        # none in the last half interval of a timed round, whose own checkpoint follows
+        every = self.snapshot_every_s
+        return every is not None and now - self.looked >= every and (
+            self.budget_s is None or now - self.start <= self.budget_s - every / 2)
+
     def due(self) -> bool:
         now = time.monotonic()
-        if (self.snapshot_every_s is not None
-                and now - self.snapshot_at[0] >= self.snapshot_every_s):
+        if self._snapshot_due(now):
             return True
         return self.watch and self.every_s is not None and now - self.last >= self.every_s
 
     def run(self) -> EvalResult:
         began = time.monotonic()
+        look = self._snapshot_due(began)
+        if look:
+            self.looked = began
         result = evaluate(lambda obs: self.agent.act(obs, True), self.eval_env, self.episodes,
                           seed=self.seed)
         self.last = time.monotonic()
@@ -192,8 +208,7 @@ class _Evaluations:
         elif self.best.offer(result, self.agent.state_dict, steps):
             if self.target is not None and result.mean >= self.target:
                 self.reached = True
-            elif (self.snapshot_every_s is not None and self.best.state is not None
-                    and self.last - self.snapshot_at[0] >= self.snapshot_every_s):
+            elif look and self.best.state is not None:
                 at, at_steps, at_pool = self.snapshot_at
                 pool = self.pool_rows
                 self.snapshot = Snapshot(result.mean, result.std, dict(self.best.state),
@@ -243,7 +258,7 @@ def train_round(
     iteration's. ``eval_seed`` seeds every evaluation's episodes (``None``: the eval
     env's own RNG)."""
     evals = _Evaluations(agent, eval_env, eval_episodes, eval_every_s, target,
-                         snapshot_every_s, auto_start_s, feed, eval_seed)
+                         snapshot_every_s, auto_start_s, feed, eval_seed, budget.seconds)
     start = evals.start
     metrics: dict[str, float] = {}
     final: EvalResult | None = None

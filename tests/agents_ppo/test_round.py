@@ -161,3 +161,42 @@ def test_a_long_round_reports_its_intermediate_bests() -> None:
                        on_progress=progress.append, eval_episodes=2)
     assert none.env_steps == per_iteration  # without snapshot_every_s, no snapshot at all
     assert len([p for p in progress if p.snapshot is not None]) == 1
+
+
+class _Clock:
+    """``time.monotonic`` for ``agents.pod.round``: 10 s pass at every iteration (the
+    feed syncs once per iteration), so evaluations fall at known iterations."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.pool_rows = 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sync(self) -> dict[str, float]:
+        self.now += 10.0
+        return {}
+
+
+def test_an_intermediate_evaluation_that_is_no_best_waits_a_full_interval(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the scripted score never improves after the first evaluation; "auto" evaluates
+    # within the round only for a snapshot. Each evaluation without a new best used to
+    # leave the snapshot due, so the round evaluated after every iteration from then on.
+    clock = _Clock()
+    monkeypatch.setattr("agents.pod.round.time.monotonic", clock)
+    env, eval_env = ScriptedEnv(8), ScriptedEnv(2)
+    agent = build_agent(default_registry(), "ppo", config_to_hparams(SMALL), env, CPU, 0)
+    per_iteration = SMALL.num_envs * SMALL.rollout_steps
+    progress: list[Progress] = []
+    result = train_round(agent, env, eval_env, Budget(steps=10 * per_iteration),
+                         eval_every_s="auto", on_progress=progress.append, eval_episodes=2,
+                         snapshot_every_s=25.0, feed=clock)
+    # after 30, 60 and 90 s (every third iteration), then the round's own at the end
+    assert [round(t) for t, _, _ in result.curve] == [30, 60, 90, 100]
+    assert len([p for p in progress if p.snapshot is not None]) == 1
+    # a timed round looks for none in its last half interval: its own checkpoint follows
+    timed = train_round(agent, env, eval_env, Budget(seconds=100.0), eval_every_s="auto",
+                        eval_episodes=2, snapshot_every_s=25.0, feed=clock)
+    assert [round(t) for t, _, _ in timed.curve] == [30, 60, 100]
