@@ -18,7 +18,10 @@ state, hyperparameters):
   a blob altered on disk is refused by the pod that reads it (dead-lettered);
 * a branch carries that reference with hyperparameters mutated inside the
   algorithm's search space (PBT exploit/explore). Pinned hyperparameters of the
-  experiment are never mutated.
+  experiment are never mutated;
+* a round on the leader's pod of its own (``Plan.keeper``) is ``KEEPER_ROUNDS`` rounds
+  long; its pod reports intermediate bests every round's worth
+  (``agents.pod.service.make_worker``).
 
 Start and stop: the planner derives the population from the store alone, so a
 generator that starts on an existing store (``podracer train --resume``, or a
@@ -42,7 +45,7 @@ from agents.base import AlgorithmRegistry, config_from_hparams, config_to_hparam
 from broker.core.blobstore import FileBlobStore
 from broker.core.errors import BlobError, BrokerError, MessageError, TransientError
 from broker.core.experiment import Experiment
-from broker.core.schemas import Initialization
+from broker.core.schemas import Budget, Initialization
 from broker.core.settings import Settings
 from broker.runtime.control import sleep_or_stop, watch_stop
 from broker.runtime.service import ServiceContext
@@ -50,7 +53,7 @@ from broker.transports.base import Transport
 from broker.transports.connect import Connector
 from leaderboard.claims import record_issued
 from leaderboard.mutation import fresh_hparams, mutate_hparams
-from leaderboard.population import Plan, Planner, PopulationConfig
+from leaderboard.population import KEEPER_ROUNDS, Plan, Planner, PopulationConfig
 from leaderboard.selection import SelectionRegistry
 from leaderboard.store import LeaderboardStore
 
@@ -66,6 +69,13 @@ DISCARD_WAIT_S = 0.3
 """Discarding ends when nothing arrived this long and the queue has none ready."""
 READY_ROUNDS = 3
 """With ``population.ready_s = 0``, a lineage is judged after this many rounds."""
+
+
+def keeper_budget(budget: Budget) -> Budget:
+    """The budget of a round on the leader's pod: ``KEEPER_ROUNDS`` rounds
+    (``leaderboard.population``)."""
+    return Budget(steps=None if budget.steps is None else budget.steps * KEEPER_ROUNDS,
+                  seconds=None if budget.seconds is None else budget.seconds * KEEPER_ROUNDS)
 
 
 def round_seconds(experiment: Experiment) -> float:
@@ -101,7 +111,7 @@ class InitializationMaker:
         selection = strategies.build(experiment.selection.name, experiment.selection.params)
         self.planner = Planner(experiment.algos, population_config(experiment, pods),
                                selection, store, self.rng,
-                               lost_after_s=3 * round_seconds(experiment) + 120.0)
+                               lost_after_s=KEEPER_ROUNDS * round_seconds(experiment) + 120.0)
         self._fresh: dict[str, int] = {}
         self._unreadable: set[str] = set()
         """Parents whose state could not be read (warned about once each)."""
@@ -157,7 +167,8 @@ class InitializationMaker:
         pinned = exp.overrides_for(algorithm)
         seed = self.rng.randrange(2**31)
         common = {"experiment": exp.name, "algorithm": algorithm, "env": exp.env,
-                  "budget": exp.round_budget, "seed": seed}
+                  "budget": keeper_budget(exp.round_budget) if plan.keeper else exp.round_budget,
+                  "seed": seed}
         parent = plan.parent
         if parent is None:
             # an algorithm's first lineage starts from its tuned defaults; later fresh ones

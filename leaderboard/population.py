@@ -37,9 +37,12 @@ weights, so the score curve runs on through it), on an axis of training seconds
    lineage keeps a pod of its own** and the other pods explore: when a round comes
    back and none in flight is on the leader's pod, the leader's idle best head is
    continued there (``KEEPER``), so the lineage most likely to win trains without a
-   gap, as a lone pod would. The other pods' rounds go round robin by the mix weights,
-   the leader's other lineages included, so every challenger keeps gaining training
-   and is compared at equal training soon enough to take the leader's pod. Measured on
+   gap, as a lone pod would: in rounds ``KEEPER_ROUNDS`` long that report their
+   intermediate bests every round's worth (the pod waits for the updater's measurement
+   of a round's checkpoint before it can continue it: once per long round). The other
+   pods' rounds go round robin by the mix weights, the leader's other lineages
+   included, so every challenger keeps gaining training and is compared at equal
+   training soon enough to take the leader's pod. Measured on
    HalfCheetah, both alternatives starved the challengers: a pod for every lineage
    that became the leader's best (two SAC lineages overtook each other in turn and held
    both pods for 130 s while TD3, which then reached 6275 in 105 s of training, waited),
@@ -89,6 +92,12 @@ RECENT_DECAY = 0.9
 memory of about ten rounds)."""
 KEEPER = "continue the leader's best lineage"
 """The reason of a round on the leader's pod of its own (one such round at a time)."""
+KEEPER_ROUNDS = 3
+"""A keeper's round is this many rounds long (``leaderboard.generator``), reporting its
+intermediate bests every round's worth. Measured on HalfCheetah with one-round keeper
+rounds: the leader's pod stood idle 4-7 s after every round (55 s of 300) while the
+updater measured its checkpoint, a would-be best, before the next round could continue
+it; the other pod, whose checkpoints were seldom candidates, lost 10 s."""
 MAX_HISTORY = 10_000
 """Longest ancestry walked (a guard against a corrupt store whose parents loop)."""
 
@@ -144,6 +153,8 @@ class Plan:
     mutate: bool
     """Branch with mutated hyperparameters (``False``: continue, or fresh)."""
     reason: str
+    keeper: bool = False
+    """A round on the leader's pod of its own (``KEEPER``): ``KEEPER_ROUNDS`` long."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -347,7 +358,7 @@ class Planner:
     def issued(self, init_id: str, plan: Plan) -> None:
         """Record that the initialization ``init_id`` carries out ``plan``."""
         self._issued[init_id] = _Issued(plan, self.clock())
-        if plan.reason == KEEPER:  # the leader's own pod: not a round of the shared ones
+        if plan.keeper:  # the leader's own pod: not a round of the shared ones
             return
         for name in self.rounds:
             self.rounds[name] *= RECENT_DECAY
@@ -404,10 +415,10 @@ class Planner:
         shared_pods = first is not None and len(measured) == len(self.mix) > 1 \
             and bool(self._issued)
         if shared_pods and first is not None \
-                and not any(r.plan.reason == KEEPER for r in self._issued.values()):
+                and not any(r.plan.keeper for r in self._issued.values()):
             heads = Family(self.store.top(1_000_000, algorithm=first), cfg.by_steps).heads
             if self._idle(heads[0]):
-                return Plan(first, heads[0], False, KEEPER)
+                return Plan(first, heads[0], False, KEEPER, keeper=True)
         algorithm = self._algorithm(self.mix if shared_pods else share)
         family = Family(self.store.top(1_000_000, algorithm=algorithm), cfg.by_steps)
         heads = family.heads

@@ -49,6 +49,10 @@ Report = Callable[[Progress], None]
 ShouldStop = Callable[[], bool]
 
 
+SNAPSHOT_EVERY_S = 60.0
+"""Longest interval between a long round's intermediate bests (a pod reports them every
+round's worth of its experiment, at most this: ``agents.pod.service.make_worker``)."""
+
 @dataclasses.dataclass(frozen=True)
 class RoundJob:
     """One round to run: the agent to build (or restore) and how long to train it."""
@@ -87,7 +91,7 @@ class RunnerConfig:
     """Evaluation cadence within a round (see ``agents.pod.round``)."""
     torch_threads: int | None = None
     """torch intra-op threads of a process worker (a thread worker leaves them alone)."""
-    snapshot_every_s: float | None = 60.0
+    snapshot_every_s: float | None = SNAPSHOT_EVERY_S
     """A round this long or longer reports intermediate bests this often (the pod
     publishes them: see ``agents.pod.round``)."""
     pool: ExperiencePool | None = None

@@ -335,7 +335,7 @@ def test_the_leaders_best_lineage_keeps_a_pod_of_its_own(store: LeaderboardStore
     # round robin owes ppo its floor
     plan = planner.next()
     assert plan.algorithm == "sac" and plan.parent is not None and plan.parent.id == "a"
-    assert plan.reason == "continue the leader's best lineage" and not plan.mutate
+    assert plan.reason == "continue the leader's best lineage" and plan.keeper and not plan.mutate
     before = dict(planner.rounds)
     planner.issued("a1", plan)
     assert planner.rounds == before  # the leader's own pod: not a round of the others
