@@ -39,10 +39,16 @@ weights, so the score curve runs on through it), on an axis of training seconds
    continued there (``KEEPER``), so the lineage most likely to win trains without a
    gap, as a lone pod would: in rounds ``KEEPER_ROUNDS`` long that report their
    intermediate bests every round's worth (the pod waits for the updater's measurement
-   of a round's checkpoint before it can continue it: once per long round). The other
-   pods' rounds go round robin by the mix weights, the leader's other lineages
-   included, so every challenger keeps gaining training and is compared at equal
-   training soon enough to take the leader's pod. Measured on
+   of a round's checkpoint before it can continue it: once per long round). When that
+   lineage has fallen significantly below the algorithm's best checkpoint (Welch, as
+   below) and is not improving, the keeper continues that checkpoint instead
+   (``RETURN``): a collapse (common for SAC on Hopper) costs one long round. The other
+   pods' rounds go round robin by the mix weights (``exploring``), the leader's other
+   lineages included, so every challenger keeps gaining training and is compared at
+   equal training soon enough to take the leader's pod; an algorithm behind every other
+   at equal training keeps only its floor there (``min_share`` times its weight: PPO on
+   HalfCheetah stayed under 2000 while SAC and TD3 passed 4000 at equal training, and
+   took a third of the exploring pod by the mix). Measured on
    HalfCheetah, both alternatives starved the challengers: a pod for every lineage
    that became the leader's best (two SAC lineages overtook each other in turn and held
    both pods for 130 s while TD3, which then reached 6275 in 105 s of training, waited),
@@ -92,6 +98,10 @@ RECENT_DECAY = 0.9
 memory of about ten rounds)."""
 KEEPER = "continue the leader's best lineage"
 """The reason of a round on the leader's pod of its own (one such round at a time)."""
+RETURN = "return the leader's best lineage to its best checkpoint"
+"""The reason of a keeper's round that continues the algorithm's best checkpoint, not its
+fallen head (Hopper, measured: SAC's best lineage reached 2119 at 180 s, then went 1567,
+1143, 1167, 529, and the leader's pod went on continuing its head to the end)."""
 KEEPER_ROUNDS = 3
 """A keeper's round is this many rounds long (``leaderboard.generator``), reporting its
 intermediate bests every round's worth. Measured on HalfCheetah with one-round keeper
@@ -211,22 +221,42 @@ class Curve:
         return self.reading(training)[0]
 
 
-def leader(curves: Mapping[str, Curve], episodes: int = 1) -> str | None:
-    """The algorithm whose curve is highest at equal training (module doc, step 1): each
+def pairs(curves: Mapping[str, Curve], episodes: int = 1) -> dict[str, tuple[int, int]]:
+    """(pairs won, pairs lost) per algorithm at equal training (module doc, step 1): each
     pair is compared where the less trained one stands, and won by a lead larger than
-    the noise of the two evaluations (their standard error over ``episodes``); the most
-    pairs won leads (ties: the higher best so far, then the order given)."""
-    names = list(curves)
-    if not names:
-        return None
-    wins = dict.fromkeys(names, 0)
-    for a, b in itertools.combinations(names, 2):
+    the noise of the two evaluations (their standard error over ``episodes``)."""
+    tally = {name: [0, 0] for name in curves}
+    for a, b in itertools.combinations(curves, 2):
         point = min(curves[a].trained, curves[b].trained)
         (score_a, std_a), (score_b, std_b) = curves[a].reading(point), curves[b].reading(point)
         noise = math.sqrt((std_a ** 2 + std_b ** 2) / max(1, episodes - 1))
         if abs(score_a - score_b) > noise:
-            wins[a if score_a > score_b else b] += 1
-    return max(names, key=lambda n: (wins[n], curves[n].best, -names.index(n)))
+            won, lost = (a, b) if score_a > score_b else (b, a)
+            tally[won][0] += 1
+            tally[lost][1] += 1
+    return {name: (won, lost) for name, (won, lost) in tally.items()}
+
+
+def leader(curves: Mapping[str, Curve], episodes: int = 1) -> str | None:
+    """The algorithm that wins the most ``pairs`` (ties: the higher best so far, then the
+    order given)."""
+    names = list(curves)
+    if not names:
+        return None
+    tally = pairs(curves, episodes)
+    return max(names, key=lambda n: (tally[n][0], curves[n].best, -names.index(n)))
+
+
+def exploring(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
+              min_share: float, episodes: int = 1) -> dict[str, float]:
+    """The weights of the exploring pods' round robin (module doc, step 1): the mix, but
+    an algorithm behind every other at equal training (it loses each of its ``pairs``)
+    keeps only its floor, ``min_share`` times its weight."""
+    measured = {a: c for a in mix if (c := curves.get(a)) is not None}
+    tally = pairs(measured, episodes)
+    others = len(measured) - 1
+    return {a: w * (min_share if others > 0 and tally.get(a, (0, 0))[1] == others else 1.0)
+            for a, w in mix.items()}
 
 
 def shares(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
@@ -416,10 +446,11 @@ class Planner:
             and bool(self._issued)
         if shared_pods and first is not None \
                 and not any(r.plan.keeper for r in self._issued.values()):
-            heads = Family(self.store.top(1_000_000, algorithm=first), cfg.by_steps).heads
-            if self._idle(heads[0]):
-                return Plan(first, heads[0], False, KEEPER, keeper=True)
-        algorithm = self._algorithm(self.mix if shared_pods else share)
+            keeper = self._keeper(first)
+            if keeper is not None:
+                return keeper
+        algorithm = self._algorithm(
+            exploring(self.mix, curves, cfg.min_share, cfg.episodes) if shared_pods else share)
         family = Family(self.store.top(1_000_000, algorithm=algorithm), cfg.by_steps)
         heads = family.heads
         if not heads:
@@ -440,6 +471,22 @@ class Planner:
                             "replace a lineage that is behind and not improving")
             return Plan(algorithm, head, False, "continue")
         return Plan(algorithm, self._pick(kept), True, "branch (every lineage busy)")
+
+    def _keeper(self, algorithm: str) -> Plan | None:
+        """The round of the leader's pod: its best idle head, continued; or, when that
+        lineage fell significantly below the algorithm's best checkpoint and is not
+        improving, that checkpoint (``RETURN``); None while the head is busy."""
+        cfg = self.config
+        entries = self.store.top(1_000_000, algorithm=algorithm)
+        family = Family(entries, cfg.by_steps)
+        head, best = family.heads[0], entries[0]
+        if not self._idle(head):
+            return None
+        if best.id != head.id and self._idle(best) \
+                and significantly_better(best, head, cfg.episodes, cfg.alpha) \
+                and not family.improving(head.id, cfg.window, cfg.episodes):
+            return Plan(algorithm, best, False, RETURN, keeper=True)
+        return Plan(algorithm, head, False, KEEPER, keeper=True)
 
     def _pick(self, heads: Sequence[Entry]) -> Entry:
         chosen = self.selection.select(list(heads), self.rng)

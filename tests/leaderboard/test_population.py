@@ -15,7 +15,16 @@ import torch
 
 from broker.core.errors import ConfigError
 from broker.core.schemas import Checkpoint
-from leaderboard.population import Curve, Family, Plan, Planner, PopulationConfig, leader, shares
+from leaderboard.population import (
+    Curve,
+    Family,
+    Plan,
+    Planner,
+    PopulationConfig,
+    exploring,
+    leader,
+    shares,
+)
 from leaderboard.selection import Tournament
 from leaderboard.store import LeaderboardStore
 
@@ -325,7 +334,9 @@ def test_a_lead_at_equal_training_within_the_noise_wins_nothing() -> None:
 
 
 def test_the_leaders_best_lineage_keeps_a_pod_of_its_own(store: LeaderboardStore) -> None:
-    _curve(store, "ppo", [100.0, 110.0])
+    # ppo is behind, within the noise of its evaluations: not behind every other
+    _put(store, "p0", "ppo", 100.0, std=5000.0)
+    _put(store, "p1", "ppo", 110.0, parent="p0", std=5000.0)
     _put(store, "a", "sac", 500.0, wall=100.0)  # the leader's best lineage
     _put(store, "b", "sac", 300.0, wall=100.0, hparams={"lr": 2e-3})
     planner = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=2)
@@ -383,3 +394,51 @@ def test_reproducible_mode_counts_env_steps_not_seconds(store: LeaderboardStore)
     assert curve is not None and curve.at(450.0) == pytest.approx(100.0)
     assert by_steps.since(head) == pytest.approx(700.0)
     assert Family(store.top(100, algorithm="sac")).since(head) == pytest.approx(70.0)
+
+
+def test_an_algorithm_behind_every_other_keeps_only_its_floor_on_the_exploring_pods(
+        store: LeaderboardStore) -> None:
+    # HalfCheetah, measured: PPO stayed under 2000 while SAC and TD3 passed 4000 at equal
+    # training, and took a third of the exploring pod's rounds by the mix
+    curves = {"ppo": _flat(0.0), "sac": _flat(4.0), "td3": _flat(3.0)}
+    assert exploring(MIX, curves, 0.15) == pytest.approx({"ppo": 0.15, "sac": 1.0, "td3": 1.0})
+    # ahead of one: the mix, and the one behind every other keeps its floor
+    assert exploring(MIX, {**curves, "ppo": _flat(3.5)}, 0.15) == pytest.approx(
+        {"ppo": 1.0, "sac": 1.0, "td3": 0.15})
+    # not measured yet: the mix
+    assert exploring(MIX, {"ppo": _flat(0.0)}, 0.15) == MIX
+    _curve(store, "ppo", [100.0, 110.0])
+    _put(store, "a0", "sac", 400.0, wall=20.0)
+    _put(store, "a", "sac", 500.0, parent="a0", wall=20.0)
+    planner = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=2)
+    planner.issued("p", Plan("ppo", None, False, "test"))  # one pod busy
+    keeper = planner.next()
+    assert keeper.keeper and keeper.parent is not None and keeper.parent.id == "a"
+    planner.issued("a1", keeper)
+    planner.rounds.update(sac=1.0, ppo=0.5)
+    # by the mix (1:1) ppo would be owed the round; behind at its floor, it is not
+    assert planner.next().algorithm == "sac"
+
+
+def test_the_leaders_pod_returns_a_fallen_lineage_to_its_best_checkpoint(
+        store: LeaderboardStore) -> None:
+    # Hopper, measured: SAC's best lineage reached 2119, then went 1567, 1143, 1167, 529;
+    # its head was continued to the end
+    _curve(store, "ppo", [100.0, 110.0])
+    _curve(store, "sac", [300.0, 2119.0, 1567.0, 1143.0, 1167.0, 529.0])
+    planner = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=2)
+    planner.issued("p", Plan("ppo", None, False, "test"))  # the other pod is busy
+    plan = planner.next()
+    assert plan.keeper and plan.parent is not None and plan.parent.id == "sac1"
+    assert plan.reason == "return the leader's best lineage to its best checkpoint"
+    assert not plan.mutate  # its own hyperparameters: a second try from its best
+
+
+def test_the_leaders_pod_goes_on_from_a_dip_of_a_rising_lineage(
+        store: LeaderboardStore) -> None:
+    _curve(store, "ppo", [100.0, 110.0])
+    _curve(store, "sac", [300.0, 1200.0, 2119.0, 2000.0])
+    planner = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=2)
+    planner.issued("p", Plan("ppo", None, False, "test"))
+    plan = planner.next()
+    assert plan.keeper and plan.parent is not None and plan.parent.id == "sac3"
