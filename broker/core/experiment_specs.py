@@ -65,7 +65,8 @@ class PopulationSpec:
     """Seconds a lineage trains before it is judged; 0: three rounds' worth."""
     min_share: float = 0.15
     """Share of rounds each algorithm keeps once measured, on one pod; the rest goes to
-    the leader (with more pods the leader keeps one and the others follow the mix:
+    the leader (with more pods the leader keeps one and the others follow the mix, an
+    algorithm behind every other at equal training at this floor:
     ``leaderboard.population``)."""
 
 
