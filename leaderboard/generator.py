@@ -20,8 +20,7 @@ state, hyperparameters):
   algorithm's search space (PBT exploit/explore). Pinned hyperparameters of the
   experiment are never mutated;
 * a round on the leader's pod of its own (``Plan.keeper``) is ``KEEPER_ROUNDS`` rounds
-  long; its pod reports intermediate bests every round's worth
-  (``agents.pod.service.make_worker``).
+  long (a long one reports intermediate bests: ``agents.pod.runner.SNAPSHOT_EVERY_S``).
 
 Start and stop: the planner derives the population from the store alone, so a
 generator that starts on an existing store (``podracer train --resume``, or a

@@ -26,20 +26,22 @@ weights, so the score curve runs on through it), on an axis of training seconds
    handed rounds back and forth between close risers and to the one that was behind. The *leader*
    wins the most of these pairs (ties: the higher best so far). An algorithm with fewer
    than two checkpoints gets its mix weight: it is measured before it is judged, however
-   long that takes, and no fixed warm-up is needed. Once measured, every algorithm keeps
-   a floor of ``min_share`` (times its mix weight relative to the others) so the mix
-   stays alive, and the rest of the rounds goes to the leader. The round goes to the
-   algorithm furthest below its share of the recent rounds (deficit round robin over
-   counts that decay by ``RECENT_DECAY`` per round, so a change of shares takes effect
-   at once rather than after the old surplus is paid back).
+   long that takes, and no fixed warm-up is needed. Its first lineage's second round
+   is issued as soon as the first is back (``MEASURE``), before any other round, so the
+   lineage that may lead does not wait for a pod while others start. Once measured,
+   every algorithm keeps a floor of ``min_share`` (times its mix weight relative to the
+   others) so the mix stays alive, and the rest of the rounds goes to the leader. The
+   round goes to the algorithm furthest below its share of the recent rounds (deficit
+   round robin over counts that decay by ``RECENT_DECAY`` per round, so a change of
+   shares takes effect at once rather than after the old surplus is paid back).
 
    With more than one pod, once every algorithm is measured, **the leader's best
    lineage keeps a pod of its own** and the other pods explore: when a round comes
    back and none in flight is on the leader's pod, the leader's idle best head is
    continued there (``KEEPER``), so the lineage most likely to win trains without a
-   gap, as a lone pod would: in rounds ``KEEPER_ROUNDS`` long that report their
-   intermediate bests every round's worth (the pod waits for the updater's measurement
-   of a round's checkpoint before it can continue it: once per long round). When that
+   gap, as a lone pod would: in rounds ``KEEPER_ROUNDS`` long (the pod waits for the
+   updater's measurement of a round's checkpoint before it can continue it: once per
+   long round). When that
    lineage has fallen significantly below the algorithm's best checkpoint (Welch, as
    below) and is not improving, the keeper continues that checkpoint instead
    (``RETURN``): a collapse (common for SAC on Hopper) costs one long round. The other
@@ -98,16 +100,20 @@ RECENT_DECAY = 0.9
 memory of about ten rounds)."""
 KEEPER = "continue the leader's best lineage"
 """The reason of a round on the leader's pod of its own (one such round at a time)."""
+MEASURE = "continue an algorithm's first lineage: its second round measures it"
+"""The reason of an algorithm's second round (``Planner._second_round``). HalfCheetah,
+measured: the round robin started TD3's first lineage on the pod where SAC's first
+round had ended, and SAC's lineage, the eventual leader, waited 29 s for a pod."""
 RETURN = "return the leader's best lineage to its best checkpoint"
 """The reason of a keeper's round that continues the algorithm's best checkpoint, not its
 fallen head (Hopper, measured: SAC's best lineage reached 2119 at 180 s, then went 1567,
 1143, 1167, 529, and the leader's pod went on continuing its head to the end)."""
 KEEPER_ROUNDS = 3
-"""A keeper's round is this many rounds long (``leaderboard.generator``), reporting its
-intermediate bests every round's worth. Measured on HalfCheetah with one-round keeper
-rounds: the leader's pod stood idle 4-7 s after every round (55 s of 300) while the
-updater measured its checkpoint, a would-be best, before the next round could continue
-it; the other pod, whose checkpoints were seldom candidates, lost 10 s."""
+"""A keeper's round is this many rounds long (``leaderboard.generator``). Measured on
+HalfCheetah with one-round keeper rounds: the leader's pod stood idle 4-7 s after every
+round (55 s of 300) while the updater measured its checkpoint, a would-be best, before
+the next round could continue it; the other pod, whose checkpoints were seldom
+candidates, lost 10 s."""
 MAX_HISTORY = 10_000
 """Longest ancestry walked (a guard against a corrupt store whose parents loop)."""
 
@@ -449,6 +455,9 @@ class Planner:
             keeper = self._keeper(first)
             if keeper is not None:
                 return keeper
+        second = self._second_round(curves)
+        if second is not None:
+            return second
         algorithm = self._algorithm(
             exploring(self.mix, curves, cfg.min_share, cfg.episodes) if shared_pods else share)
         family = Family(self.store.top(1_000_000, algorithm=algorithm), cfg.by_steps)
@@ -471,6 +480,20 @@ class Planner:
                             "replace a lineage that is behind and not improving")
             return Plan(algorithm, head, False, "continue")
         return Plan(algorithm, self._pick(kept), True, "branch (every lineage busy)")
+
+    def _second_round(self, curves: Mapping[str, Curve | None]) -> Plan | None:
+        """The second round of an algorithm's first lineage, once its first is back and
+        idle: an algorithm is measured on two rounds of one lineage, with no wait between
+        them (``MEASURE``). One algorithm alone is never compared: none."""
+        if len(self.mix) < 2:
+            return None
+        for algorithm in self.mix:
+            if curves.get(algorithm) is not None:
+                continue
+            entries = self.store.top(2, algorithm=algorithm)
+            if len(entries) == 1 and self._idle(entries[0]):
+                return Plan(algorithm, entries[0], False, MEASURE)
+        return None
 
     def _keeper(self, algorithm: str) -> Plan | None:
         """The round of the leader's pod: its best idle head, continued; or, when that

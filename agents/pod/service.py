@@ -53,7 +53,6 @@ from agents.pod.pool import ExperiencePool, node_pool
 from agents.pod.pool_bridge import start_bridge
 from agents.pod.round import Progress
 from agents.pod.runner import (
-    SNAPSHOT_EVERY_S,
     ProcessWorker,
     RoundJob,
     RoundOutput,
@@ -338,14 +337,9 @@ def make_worker(settings: Settings, registry: AlgorithmRegistry, kind: str,
     """A ``thread`` or ``process`` worker (see ``agents.pod.runner``) for this pod's rounds,
     feeding and reading ``pool`` (``agents.pod.pool``) when given."""
     exp = settings.experiment
-    # intermediate bests every round's worth (at most SNAPSHOT_EVERY_S): a long round on
-    # the leader's pod (``leaderboard.population.KEEPER_ROUNDS``) reports as often as
-    # the other pods' rounds end, and a lone long round once a minute
-    every = min(SNAPSHOT_EVERY_S, exp.round_budget.seconds or SNAPSHOT_EVERY_S)
     config = RunnerConfig(device=str(settings.torch_device()), eval_episodes=exp.eval_episodes,
                           learners=exp.learners, torch_threads=settings.torch_threads,
-                          pool=pool, pool_own_share=exp.pool_own_share,
-                          snapshot_every_s=every)
+                          pool=pool, pool_own_share=exp.pool_own_share)
     if exp.reproducible:  # no decision by the clock: one evaluation at the round's end
         config = dataclasses.replace(config, eval_every_s=None, snapshot_every_s=None,
                                      seeded_eval=True)

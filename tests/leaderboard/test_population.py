@@ -442,3 +442,18 @@ def test_the_leaders_pod_goes_on_from_a_dip_of_a_rising_lineage(
     planner.issued("p", Plan("ppo", None, False, "test"))
     plan = planner.next()
     assert plan.keeper and plan.parent is not None and plan.parent.id == "sac3"
+
+
+def test_an_algorithms_second_round_comes_before_anothers_first(
+        store: LeaderboardStore) -> None:
+    # HalfCheetah, measured: TD3's first round took the pod where SAC's first had ended,
+    # and SAC's lineage (the eventual leader) waited 29 s for a pod
+    _put(store, "s0", "sac", 150.0)
+    planner = _planner(store)
+    planner.issued("p", Plan("ppo", None, False, "test"))  # ppo's first, in flight
+    plan = planner.next()
+    assert plan.algorithm == "sac" and plan.parent is not None and plan.parent.id == "s0"
+    assert plan.reason == "continue an algorithm's first lineage: its second round measures it"
+    planner.issued("s1", plan)
+    # its lineage busy, td3 starts
+    assert planner.next().algorithm == "td3"
