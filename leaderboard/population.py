@@ -26,14 +26,16 @@ weights, so the score curve runs on through it), on an axis of training seconds
    handed rounds back and forth between close risers and to the one that was behind. The *leader*
    wins the most of these pairs (ties: the higher best so far). An algorithm with fewer
    than two checkpoints gets its mix weight: it is measured before it is judged, however
-   long that takes, and no fixed warm-up is needed. Its first lineage's second round
-   is issued as soon as the first is back (``MEASURE``), before any other round, so the
-   lineage that may lead does not wait for a pod while others start. Once measured,
-   every algorithm keeps a floor of ``min_share`` (times its mix weight relative to the
-   others) so the mix stays alive, and the rest of the rounds goes to the leader. The
-   round goes to the algorithm furthest below its share of the recent rounds (deficit
-   round robin over counts that decay by ``RECENT_DECAY`` per round, so a change of
-   shares takes effect at once rather than after the old surplus is paid back).
+   long that takes, and no fixed warm-up is needed. Its first lineage's second round is
+   issued as soon as the first is back (``MEASURE``), before any other round, so the
+   lineage that may lead does not wait for a pod while others start; and while a round
+   of it is in flight it gets no other (no second lineage of an algorithm that may
+   lose). Once measured, every algorithm keeps a floor of ``min_share`` (times its mix
+   weight relative to the others) so the mix stays alive, and the rest of the rounds
+   goes to the leader. The round goes to the algorithm furthest below its share of the
+   recent rounds (deficit round robin over counts that decay by ``RECENT_DECAY`` per
+   round, so a change of shares takes effect at once rather than after the old surplus
+   is paid back).
 
    With more than one pod, once every algorithm is measured, **the leader's best
    lineage keeps a pod of its own** and the other pods explore: when a round comes
@@ -458,8 +460,15 @@ class Planner:
         second = self._second_round(curves)
         if second is not None:
             return second
-        algorithm = self._algorithm(
-            exploring(self.mix, curves, cfg.min_share, cfg.episodes) if shared_pods else share)
+        weights = exploring(self.mix, curves, cfg.min_share, cfg.episodes) if shared_pods \
+            else share
+        # an algorithm not measured yet runs one round at a time (HalfCheetah, measured: a
+        # second, fresh TD3 lineage started while the first was being measured, trained
+        # 86 s at -550 to -780, and the leader's lineage waited 25 s for a pod)
+        waiting = {a for a in weights if curves.get(a) is None and self.in_flight(a)}
+        if len(waiting) < len(weights):
+            weights = {a: 0.0 if a in waiting else w for a, w in weights.items()}
+        algorithm = self._algorithm(weights)
         family = Family(self.store.top(1_000_000, algorithm=algorithm), cfg.by_steps)
         heads = family.heads
         if not heads:

@@ -457,3 +457,20 @@ def test_an_algorithms_second_round_comes_before_anothers_first(
     planner.issued("s1", plan)
     # its lineage busy, td3 starts
     assert planner.next().algorithm == "td3"
+
+
+def test_an_algorithm_not_measured_yet_runs_one_round_at_a_time(
+        store: LeaderboardStore) -> None:
+    # HalfCheetah, measured: a second, fresh TD3 lineage started while the first was
+    # being measured, and trained 86 s at -550 to -780
+    _curve(store, "ppo", [100.0, 110.0])
+    _curve(store, "sac", [300.0, 900.0])
+    _put(store, "t0", "td3", -1182.0)
+    planner = _planner(store)
+    planner.issued("t1", Plan("td3", store.get("t0"), False, "test"))  # its second round
+    planner.rounds.update(ppo=2.0, sac=2.0, td3=0.0)  # by the shares td3 is owed it
+    assert planner.next().algorithm == "sac"
+    # nothing else to run (td3 alone in the mix here is never measured): the round robin
+    alone = _planner(store, {"td3": 1.0})
+    alone.issued("t2", Plan("td3", None, False, "test"))
+    assert alone.next().algorithm == "td3"
