@@ -37,28 +37,29 @@ weights, so the score curve runs on through it), on an axis of training seconds
    round, so a change of shares takes effect at once rather than after the old surplus
    is paid back).
 
-   With more than one pod, once every algorithm is measured, **the leader's best
-   lineage keeps a pod of its own** and the other pods explore: when a round comes
-   back and none in flight is on the leader's pod, the leader's idle best head is
-   continued there (``KEEPER``), so the lineage most likely to win trains without a
-   gap, as a lone pod would: in rounds ``KEEPER_ROUNDS`` long (the pod waits for the
-   updater's measurement of a round's checkpoint before it can continue it: once per
-   long round). When that
+   With more than one pod, once every algorithm is measured, **the leader's best lineage
+   keeps a pod of its own** and the other pods explore: when a round comes back and none
+   in flight is on the leader's pod, the leader's idle best head is continued there
+   (``KEEPER``), so the lineage most likely to win trains without a gap, as a lone pod
+   would: in rounds ``KEEPER_ROUNDS`` long (the pod waits for the updater's measurement
+   of a round's checkpoint before it can continue it: once per long round). When that
    lineage has fallen significantly below the algorithm's best checkpoint (Welch, as
    below) and is not improving, the keeper continues that checkpoint instead
    (``RETURN``): a collapse (common for SAC on Hopper) costs one long round. The other
    pods' rounds go round robin by the mix weights (``exploring``), the leader's other
    lineages included, so every challenger keeps gaining training and is compared at
-   equal training soon enough to take the leader's pod; an algorithm behind every other
-   at equal training keeps only its floor there (``min_share`` times its weight: PPO on
-   HalfCheetah stayed under 2000 while SAC and TD3 passed 4000 at equal training, and
-   took a third of the exploring pod by the mix). Measured on
-   HalfCheetah, both alternatives starved the challengers: a pod for every lineage
-   that became the leader's best (two SAC lineages overtook each other in turn and held
-   both pods for 130 s while TD3, which then reached 6275 in 105 s of training, waited),
-   and the floors on the other pod (SAC's floor was spent on its measuring rounds; it
-   waited 150 s, then led at equal training from its next round on). On one pod the
-   shares decide every round.
+   equal training soon enough to take the leader's pod; an algorithm that has trained
+   ``ready_s`` and is behind every other at equal training keeps only its floor there
+   (``min_share`` times its weight: PPO on HalfCheetah stayed under 2000 while SAC and
+   TD3 passed 4000 at equal training, and took a third of the exploring pod by the mix;
+   judged before it had trained ``ready_s``, Hopper's TD3, at 162 against PPO's 178
+   after 40 s, each with an episode std of 2 to 5, got no round after its first two).
+   Measured on HalfCheetah, both alternatives starved the challengers: a pod for every
+   lineage that became the leader's best (two SAC lineages overtook each other in turn
+   and held both pods for 130 s while TD3, which then reached 6275 in 105 s of training,
+   waited), and the floors on the other pod (SAC's floor was spent on its measuring
+   rounds; it waited 150 s, then led at equal training from its next round on). On one
+   pod the shares decide every round.
 2. **Lineage, within the algorithm**:
 
    * no checkpoint yet, or with probability ``explore_p``: a *fresh* lineage (tuned
@@ -256,15 +257,17 @@ def leader(curves: Mapping[str, Curve], episodes: int = 1) -> str | None:
 
 
 def exploring(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
-              min_share: float, episodes: int = 1) -> dict[str, float]:
+              min_share: float, episodes: int = 1, ready: float = 0.0) -> dict[str, float]:
     """The weights of the exploring pods' round robin (module doc, step 1): the mix, but
-    an algorithm behind every other at equal training (it loses each of its ``pairs``)
-    keeps only its floor, ``min_share`` times its weight."""
+    an algorithm that has trained ``ready`` and is behind every other at equal training
+    (it loses each of its ``pairs``) keeps only its floor, ``min_share`` times its
+    weight."""
     measured = {a: c for a in mix if (c := curves.get(a)) is not None}
     tally = pairs(measured, episodes)
     others = len(measured) - 1
-    return {a: w * (min_share if others > 0 and tally.get(a, (0, 0))[1] == others else 1.0)
-            for a, w in mix.items()}
+    behind = {a for a, c in measured.items()
+              if others > 0 and tally[a][1] == others and c.trained >= ready}
+    return {a: w * (min_share if a in behind else 1.0) for a, w in mix.items()}
 
 
 def shares(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
@@ -460,8 +463,8 @@ class Planner:
         second = self._second_round(curves)
         if second is not None:
             return second
-        weights = exploring(self.mix, curves, cfg.min_share, cfg.episodes) if shared_pods \
-            else share
+        weights = exploring(self.mix, curves, cfg.min_share, cfg.episodes, cfg.ready_s) \
+            if shared_pods else share
         # an algorithm not measured yet runs one round at a time (HalfCheetah, measured: a
         # second, fresh TD3 lineage started while the first was being measured, trained
         # 86 s at -550 to -780, and the leader's lineage waited 25 s for a pod)
