@@ -10,32 +10,32 @@ weights, so the score curve runs on through it), on an axis of training seconds
    algorithm's *curve* (``Curve``) is its best score so far (over all its lineages)
    against the training seconds it has had (its rounds' wall times summed, in the order
    they came back). The curve never falls, so a round that scores below an earlier one
-   (common on MuJoCo: Hopper's SAC went 202, then 15) costs the algorithm nothing; it only
-   stops adding to it. Two algorithms are compared where both have trained as long: where
-   the less trained one stands, the other's curve read off at the same training; a lead
-   within the noise of the two evaluations (their standard error) wins nothing, so the
-   algorithm further along keeps the lead (HalfCheetah, measured: TD3 at 4045 with an
-   episode std of 929 against SAC at 4013, std 72, after 85 s each, handed TD3 the lead
-   and stopped SAC's best lineage at 5521). So an
-   algorithm that reached a score with less training leads one that needed more,
-   however steep the other's last rise; an early leader that flattens (PPO) hands over to a
-   slower starter as soon as the starter passes it at equal training; and a starved
+   (common on MuJoCo: Hopper's SAC went 202, then 15) costs the algorithm nothing; it
+   only stops adding to it. Two algorithms are compared where both have trained as long:
+   where the less trained one stands (give or take half its last round), the other's
+   curve read off at the same training; a lead within the noise of the two evaluations
+   (their standard error) wins nothing, so the algorithm further along keeps the lead
+   (HalfCheetah, measured: TD3 at 4045 with an episode std of 929 against SAC at 4013,
+   std 72, after 85 s each, handed TD3 the lead and stopped SAC's best lineage at 5521).
+   So an algorithm that reached a score with less training leads one that needed more,
+   however steep the other's last rise; an early leader that flattens (PPO) hands over
+   to a slower starter as soon as the starter passes it at equal training; and a starved
    algorithm is judged on its own training seconds, not on the time it waited. Nothing
    is extrapolated: early curves jump (HalfCheetah's PPO went -184, -188, 1227), and a
    rise projected from them (best + recent rate * ``ready_s``, the rule before this one)
-   handed rounds back and forth between close risers and to the one that was behind. The *leader*
-   wins the most of these pairs (ties: the higher best so far). An algorithm with fewer
-   than two checkpoints gets its mix weight: it is measured before it is judged, however
-   long that takes, and no fixed warm-up is needed. Its first lineage's second round is
-   issued as soon as the first is back (``MEASURE``), before any other round, so the
-   lineage that may lead does not wait for a pod while others start; and while a round
-   of it is in flight it gets no other (no second lineage of an algorithm that may
-   lose). Once measured, every algorithm keeps a floor of ``min_share`` (times its mix
-   weight relative to the others) so the mix stays alive, and the rest of the rounds
-   goes to the leader. The round goes to the algorithm furthest below its share of the
-   recent rounds (deficit round robin over counts that decay by ``RECENT_DECAY`` per
-   round, so a change of shares takes effect at once rather than after the old surplus
-   is paid back).
+   handed rounds back and forth between close risers and to the one that was behind. The
+   *leader* wins the most of these pairs (ties: the higher best so far). An algorithm
+   with fewer than two checkpoints gets its mix weight: it is measured before it is
+   judged, however long that takes, and no fixed warm-up is needed. Its first lineage's
+   second round is issued as soon as the first is back (``MEASURE``), before any other
+   round, so the lineage that may lead does not wait for a pod while others start; and
+   while a round of it is in flight it gets no other (no second lineage of an algorithm
+   that may lose). Once measured, every algorithm keeps a floor of ``min_share`` (times
+   its mix weight relative to the others) so the mix stays alive, and the rest of the
+   rounds goes to the leader. The round goes to the algorithm furthest below its share
+   of the recent rounds (deficit round robin over counts that decay by ``RECENT_DECAY``
+   per round, so a change of shares takes effect at once rather than after the old
+   surplus is paid back).
 
    With more than one pod, once every algorithm is measured, **the leader's best lineage
    keeps a pod of its own** and the other pods explore: when a round comes back and none
@@ -236,7 +236,12 @@ def pairs(curves: Mapping[str, Curve], episodes: int = 1) -> dict[str, tuple[int
     the noise of the two evaluations (their standard error over ``episodes``)."""
     tally = {name: [0, 0] for name in curves}
     for a, b in itertools.combinations(curves, 2):
-        point = min(curves[a].trained, curves[b].trained)
+        less = min(curves[a], curves[b], key=lambda c: c.trained)
+        # where the less trained one stands, give or take half its last round: rounds of
+        # one budget overrun it by an iteration and an evaluation, so the other's round
+        # that ended 0.01 s later is the same round (Hopper, measured: read one round
+        # early, SAC's 215 instead of its 402 lost to TD3's 279 after 41.1 s each)
+        point = less.trained + 0.5 * (less.points[-1][0] - less.points[-2][0])
         (score_a, std_a), (score_b, std_b) = curves[a].reading(point), curves[b].reading(point)
         noise = math.sqrt((std_a ** 2 + std_b ** 2) / max(1, episodes - 1))
         if abs(score_a - score_b) > noise:

@@ -23,6 +23,7 @@ from leaderboard.population import (
     PopulationConfig,
     exploring,
     leader,
+    pairs,
     shares,
 )
 from leaderboard.selection import Tournament
@@ -478,3 +479,14 @@ def test_an_algorithm_not_measured_yet_runs_one_round_at_a_time(
     alone = _planner(store, {"td3": 1.0})
     alone.issued("t2", Plan("td3", None, False, "test"))
     assert alone.next().algorithm == "td3"
+
+
+def test_rounds_of_one_budget_are_compared_as_equal_training() -> None:
+    # Hopper, measured: SAC's second round ended 0.01 s of training after TD3's, so SAC was
+    # read one round early (215, not 402) and lost to TD3's 279 after 41.1 s each
+    sac = Curve(((20.40, 215.0, 1.6), (41.11, 402.1, 1.5), (61.51, 402.1, 1.5)))
+    td3 = Curve(((20.40, 173.0, 1.6), (41.10, 278.9, 33.3)))
+    assert pairs({"sac": sac, "td3": td3}, episodes=16) == {"sac": (1, 0), "td3": (0, 1)}
+    # half a round later is the next round: not read
+    ahead = Curve(((20.40, 215.0, 1.6), (52.0, 402.1, 1.5)))
+    assert pairs({"sac": ahead, "td3": td3}, episodes=16) == {"sac": (0, 1), "td3": (1, 0)}
