@@ -473,7 +473,8 @@ class Planner:
         # an algorithm not measured yet runs one round at a time (HalfCheetah, measured: a
         # second, fresh TD3 lineage started while the first was being measured, trained
         # 86 s at -550 to -780, and the leader's lineage waited 25 s for a pod)
-        waiting = {a for a in weights if curves.get(a) is None and self.in_flight(a)}
+        running = {rec.plan.algorithm for rec in self._issued.values()}  # settled above
+        waiting = {a for a in weights if curves.get(a) is None and a in running}
         if len(waiting) < len(weights):
             weights = {a: 0.0 if a in waiting else w for a, w in weights.items()}
         algorithm = self._algorithm(weights)
