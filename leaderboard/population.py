@@ -23,8 +23,12 @@ weights, so the score curve runs on through it), on an axis of training seconds
    algorithm is judged on its own training seconds, not on the time it waited. Nothing
    is extrapolated: early curves jump (HalfCheetah's PPO went -184, -188, 1227), and a
    rise projected from them (best + recent rate * ``ready_s``, the rule before this one)
-   handed rounds back and forth between close risers and to the one that was behind. The
-   *leader* wins the most of these pairs (ties: the higher best so far). An algorithm
+   handed rounds back and forth between close risers and to the one that was behind. A
+   lead counts only once the leader has learned something by then (its best so far
+   above its first evaluation by more than their noise): early on HalfCheetah, PPO
+   standing still (-2) is "ahead" of SAC running backwards (-112), and nothing about
+   300 s follows from it (``beats``). The *leader* wins the most of these pairs (ties:
+   the higher best so far). An algorithm
    with fewer than two checkpoints gets its mix weight: it is measured before it is
    judged, however long that takes, and no fixed warm-up is needed. Its first lineage's
    second round is issued as soon as the first is back (``MEASURE``), before any other
@@ -37,11 +41,20 @@ weights, so the score curve runs on through it), on an axis of training seconds
    per round, so a change of shares takes effect at once rather than after the old
    surplus is paid back).
 
-   With more than one pod, once every algorithm is measured, **the leader's best lineage
-   keeps a pod of its own** and the other pods explore: when a round comes back and none
-   in flight is on the leader's pod, the leader's idle best head is continued there
-   (``KEEPER``), so the lineage most likely to win trains without a gap, as a lone pod
-   would: in rounds ``KEEPER_ROUNDS`` long (the pod waits for the updater's measurement
+   With more than one pod, **the leader's best lineage keeps a pod of its own** and the
+   other pods explore: when a round comes back and none in flight is on the leader's
+   pod, the leader's idle best head is continued there (``KEEPER``), so the lineage most
+   likely to win trains without a gap, as a lone pod would. Who leads there is decided
+   by *incumbency*: the first bet is the prior (the heaviest algorithm of the mix, then
+   the first listed: the default mix lists SAC first), from its first lineage's second
+   round on; the pod passes to another algorithm only when that one ``beats`` the
+   incumbent at equal training (several: the one that wins the most pairs). Measured on
+   HalfCheetah before this rule, with the pod given to the leader once all three were
+   measured (two rounds each): PPO led at 60 s of training, standing still against SAC's
+   early backward runs, and took the pod for 65 s; the tournament's SAC lineages reached
+   3500 and 3944 where SAC alone reached 5142, and a lone pod's head start is what a
+   tournament on two cores cannot give away. The leader's pod trains
+   in rounds ``KEEPER_ROUNDS`` long (the pod waits for the updater's measurement
    of a round's checkpoint before it can continue it: once per long round). When that
    lineage has fallen significantly below the algorithm's best checkpoint (Welch, as
    below) and is not improving, the keeper continues that checkpoint instead
@@ -229,25 +242,41 @@ class Curve:
         """The best so far after ``training``."""
         return self.reading(training)[0]
 
+    def learned(self, training: float, episodes: int = 1) -> bool:
+        """Whether the best so far after ``training`` is above the first evaluation by
+        more than the noise of the two (nothing learned yet leads nothing)."""
+        (score, std), (_, first, first_std) = self.reading(training), self.points[0]
+        return score - first > math.sqrt((std ** 2 + first_std ** 2) / max(1, episodes - 1))
+
+
+def beats(curves: Mapping[str, Curve], a: str, b: str, episodes: int = 1) -> bool:
+    """Whether ``a`` is ahead of ``b`` at equal training (module doc, step 1): where the
+    less trained one stands, by a lead larger than the noise of the two evaluations
+    (their standard error over ``episodes``), and with a best so far that has risen
+    above ``a``'s first evaluation (HalfCheetah, measured: PPO standing still at -2
+    after 55 s led SAC running backwards at -112, then held the leader's pod for 65 s
+    while SAC, 5142 alone, waited)."""
+    less = min(curves[a], curves[b], key=lambda c: c.trained)
+    # where the less trained one stands, give or take half its last round: rounds of one
+    # budget overrun it by an iteration and an evaluation, so the other's round that
+    # ended 0.01 s later is the same round (Hopper, measured: read one round early,
+    # SAC's 215 instead of its 402 lost to TD3's 279 after 41.1 s each)
+    last = less.points[-1][0] - less.points[-2][0] if len(less.points) > 1 else 0.0
+    point = less.trained + 0.5 * last
+    (score_a, std_a), (score_b, std_b) = curves[a].reading(point), curves[b].reading(point)
+    noise = math.sqrt((std_a ** 2 + std_b ** 2) / max(1, episodes - 1))
+    return score_a - score_b > noise and curves[a].learned(point, episodes)
+
 
 def pairs(curves: Mapping[str, Curve], episodes: int = 1) -> dict[str, tuple[int, int]]:
-    """(pairs won, pairs lost) per algorithm at equal training (module doc, step 1): each
-    pair is compared where the less trained one stands, and won by a lead larger than
-    the noise of the two evaluations (their standard error over ``episodes``)."""
+    """(pairs won, pairs lost) per algorithm: a pair is won by the one that ``beats``
+    the other."""
     tally = {name: [0, 0] for name in curves}
     for a, b in itertools.combinations(curves, 2):
-        less = min(curves[a], curves[b], key=lambda c: c.trained)
-        # where the less trained one stands, give or take half its last round: rounds of
-        # one budget overrun it by an iteration and an evaluation, so the other's round
-        # that ended 0.01 s later is the same round (Hopper, measured: read one round
-        # early, SAC's 215 instead of its 402 lost to TD3's 279 after 41.1 s each)
-        point = less.trained + 0.5 * (less.points[-1][0] - less.points[-2][0])
-        (score_a, std_a), (score_b, std_b) = curves[a].reading(point), curves[b].reading(point)
-        noise = math.sqrt((std_a ** 2 + std_b ** 2) / max(1, episodes - 1))
-        if abs(score_a - score_b) > noise:
-            won, lost = (a, b) if score_a > score_b else (b, a)
-            tally[won][0] += 1
-            tally[lost][1] += 1
+        for won, lost in ((a, b), (b, a)):
+            if beats(curves, won, lost, episodes):
+                tally[won][0] += 1
+                tally[lost][1] += 1
     return {name: (won, lost) for name, (won, lost) in tally.items()}
 
 
@@ -398,6 +427,9 @@ class Planner:
         self.rounds: dict[str, float] = dict.fromkeys(self.mix, 0.0)
         """Recent rounds per algorithm, each weighted ``RECENT_DECAY`` per later round."""
         self._issued: dict[str, _Issued] = {}
+        self.incumbent = max(self.mix, key=lambda a: (self.mix[a], -list(self.mix).index(a)))
+        """The algorithm on the leader's pod: first the prior (the heaviest of the mix,
+        then the first listed), then whoever ``beats`` it (``_incumbent``)."""
 
     # ---------------------------------------------------------------- bookkeeping
 
@@ -405,6 +437,7 @@ class Planner:
         """Record that the initialization ``init_id`` carries out ``plan``."""
         self._issued[init_id] = _Issued(plan, self.clock())
         if plan.keeper:  # the leader's own pod: not a round of the shared ones
+            self.incumbent = plan.algorithm
             return
         for name in self.rounds:
             self.rounds[name] *= RECENT_DECAY
@@ -456,13 +489,9 @@ class Planner:
         cfg = self.config
         curves = self._curves()
         share = shares(self.mix, curves, cfg.min_share, cfg.episodes)
-        measured = {a: c for a, c in curves.items() if c is not None}
-        first = leader(measured, cfg.episodes)
-        shared_pods = first is not None and len(measured) == len(self.mix) > 1 \
-            and bool(self._issued)
-        if shared_pods and first is not None \
-                and not any(r.plan.keeper for r in self._issued.values()):
-            keeper = self._keeper(first)
+        shared_pods = len(self.mix) > 1 and bool(self._issued)
+        if shared_pods and not any(r.plan.keeper for r in self._issued.values()):
+            keeper = self._keeper(self._incumbent(curves))
             if keeper is not None:
                 return keeper
         second = self._second_round(curves)
@@ -513,12 +542,32 @@ class Planner:
                 return Plan(algorithm, entries[0], False, MEASURE)
         return None
 
+    def _incumbent(self, curves: Mapping[str, Curve | None]) -> str:
+        """The algorithm of the leader's pod's next round: the incumbent, unless measured
+        algorithms ``beat`` it at equal training (then the one of them that wins the most
+        pairs). Not measured yet, it is not judged."""
+        measured = {a: c for a, c in curves.items() if c is not None}
+        if self.incumbent not in measured:
+            return self.incumbent
+        episodes = self.config.episodes
+        challengers = [a for a in measured
+                       if a != self.incumbent and beats(measured, a, self.incumbent, episodes)]
+        if not challengers:
+            return self.incumbent
+        tally = pairs(measured, episodes)
+        return max(challengers, key=lambda a: (tally[a][0], measured[a].best))
+
     def _keeper(self, algorithm: str) -> Plan | None:
         """The round of the leader's pod: its best idle head, continued; or, when that
         lineage fell significantly below the algorithm's best checkpoint and is not
-        improving, that checkpoint (``RETURN``); None while the head is busy."""
+        improving, that checkpoint (``RETURN``); its first lineage when it has none and
+        no round of it is in flight; None while the head is busy."""
         cfg = self.config
         entries = self.store.top(1_000_000, algorithm=algorithm)
+        if not entries:
+            if any(rec.plan.algorithm == algorithm for rec in self._issued.values()):
+                return None
+            return Plan(algorithm, None, False, KEEPER, keeper=True)
         family = Family(entries, cfg.by_steps)
         head, best = family.heads[0], entries[0]
         if not self._idle(head):

@@ -58,21 +58,21 @@ def _planner(store: LeaderboardStore, mix: dict[str, float] | None = None,
                    random.Random(0), lost_after_s=600.0)
 
 
-def _flat(score: float) -> Curve:
-    """Two 20 s rounds that both scored ``score``."""
-    return Curve(((20.0, score, 0.0), (40.0, score, 0.0)))
+def _risen(score: float) -> Curve:
+    """Two 20 s rounds: the first 10 below ``score``, the second at ``score`` (learned)."""
+    return Curve(((20.0, score - 10.0, 0.0), (40.0, score, 0.0)))
 
 
 def test_shares_follow_the_mix_until_measured_then_the_leader() -> None:
     # td3 not measured yet: it keeps its mix share; the leader takes the rest
-    part = shares(MIX, {"ppo": _flat(1.0), "sac": _flat(3.0)}, 0.15)
+    part = shares(MIX, {"ppo": _risen(1.0), "sac": _risen(3.0)}, 0.15)
     assert part == pytest.approx({"td3": 1 / 3, "ppo": 0.15, "sac": 2 / 3 - 0.15})
     assert shares(MIX, {}, 0.15) == pytest.approx(dict.fromkeys(MIX, 1 / 3))
-    rated = shares(MIX, {"ppo": _flat(0.0), "sac": _flat(4.0), "td3": _flat(-2.0)}, 0.15)
+    rated = shares(MIX, {"ppo": _risen(0.0), "sac": _risen(4.0), "td3": _risen(-2.0)}, 0.15)
     assert rated == pytest.approx({"ppo": 0.15, "sac": 0.7, "td3": 0.15})
-    tied = shares(MIX, {"ppo": _flat(5.0), "sac": _flat(5.0), "td3": _flat(1.0)}, 0.15)
+    tied = shares(MIX, {"ppo": _risen(5.0), "sac": _risen(5.0), "td3": _risen(1.0)}, 0.15)
     assert tied == pytest.approx({"ppo": 0.7, "sac": 0.15, "td3": 0.15})  # the mix's order
-    weighted = shares({"ppo": 2.0, "sac": 1.0}, {"ppo": _flat(0.0), "sac": _flat(1.0)}, 0.15)
+    weighted = shares({"ppo": 2.0, "sac": 1.0}, {"ppo": _risen(0.0), "sac": _risen(1.0)}, 0.15)
     assert weighted == pytest.approx({"ppo": 0.2, "sac": 0.8})  # floor scaled by the weight
 
 
@@ -101,7 +101,7 @@ def _rounds(planner: Planner, n: int) -> dict[str, int]:
     return counts
 
 
-def ppo_fast_then_flat(t: float) -> float:
+def ppo_fast_then_risen(t: float) -> float:
     """Cheap steps: up quickly, then nowhere."""
     return 3000.0 * min(t, 60.0) / 60.0
 
@@ -115,7 +115,7 @@ def sac_slow_then_rising(t: float) -> float:
 def test_compute_follows_improvement_per_second(store: LeaderboardStore, trained: float,
                                                 leader: str) -> None:
     times = [20.0 * k for k in range(1, int(trained / 20.0) + 1)]
-    _curve(store, "ppo", [ppo_fast_then_flat(t) for t in times])
+    _curve(store, "ppo", [ppo_fast_then_risen(t) for t in times])
     _curve(store, "sac", [sac_slow_then_rising(t) for t in times])
     planner = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=1)
     allocation = planner.allocation()
@@ -129,7 +129,7 @@ def test_sac_takes_over_once_ahead_at_equal_training_though_ppo_leads_in_score(
         store: LeaderboardStore) -> None:
     # PPO: 3000 after a minute, then slowly on (240 s, best 5160); SAC: nothing for a
     # minute, then steeply (140 s, 4800). After 140 s of each, SAC is ahead (4800 > 3800)
-    _curve(store, "ppo", [ppo_fast_then_flat(t) + 12.0 * max(0.0, t - 60.0)
+    _curve(store, "ppo", [ppo_fast_then_risen(t) + 12.0 * max(0.0, t - 60.0)
                           for t in range(20, 241, 20)])
     _curve(store, "sac", [1.5 * sac_slow_then_rising(t) for t in range(20, 141, 20)])
     planner = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=1)
@@ -340,7 +340,7 @@ def test_the_leaders_best_lineage_keeps_a_pod_of_its_own(store: LeaderboardStore
     _put(store, "p1", "ppo", 110.0, parent="p0", std=5000.0)
     _put(store, "a", "sac", 500.0, wall=100.0)  # the leader's best lineage
     _put(store, "b", "sac", 300.0, wall=100.0, hparams={"lr": 2e-3})
-    planner = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=2)
+    planner = _planner(store, {"sac": 1.0, "ppo": 1.0}, members=2)  # sac: the prior
     for k in range(10):  # sac has had more than its share of the recent rounds
         planner.issued(f"s{k}", Plan("sac", None, False, "test"))
     # the other pod is busy (rounds s0..s9 are in flight): a is continued though the
@@ -367,11 +367,14 @@ def test_the_leaders_best_lineage_keeps_a_pod_of_its_own(store: LeaderboardStore
     for _ in range(10):
         alone.rounds["sac"] = alone.rounds.get("sac", 0.0) * 0.9 + 1.0
     assert alone.next().algorithm == "ppo"
-    # an algorithm not measured yet (td3): it is measured first, no pod is kept
+    # an algorithm not measured yet (td3) does not hold the pod back: sac, which
+    # beats the incumbent at equal training, keeps it
     waiting = _planner(store, {"ppo": 1.0, "sac": 1.0, "td3": 1.0}, members=2)
+    waiting.incumbent = "sac"
     for k in range(10):
-        waiting.issued(f"w{k}", Plan("sac", None, False, "test"))
-    assert waiting.next().algorithm == "td3"
+        waiting.issued(f"w{k}", Plan("ppo", None, False, "test"))
+    kept = waiting.next()
+    assert kept.keeper and kept.algorithm == "sac"
 
 
 def test_a_round_that_scores_below_an_earlier_one_costs_no_share(
@@ -401,17 +404,17 @@ def test_an_algorithm_behind_every_other_keeps_only_its_floor_on_the_exploring_p
         store: LeaderboardStore) -> None:
     # HalfCheetah, measured: PPO stayed under 2000 while SAC and TD3 passed 4000 at equal
     # training, and took a third of the exploring pod's rounds by the mix
-    curves = {"ppo": _flat(0.0), "sac": _flat(4.0), "td3": _flat(3.0)}
+    curves = {"ppo": _risen(0.0), "sac": _risen(4.0), "td3": _risen(3.0)}
     assert exploring(MIX, curves, 0.15) == pytest.approx({"ppo": 0.15, "sac": 1.0, "td3": 1.0})
     # ahead of one: the mix, and the one behind every other keeps its floor
-    assert exploring(MIX, {**curves, "ppo": _flat(3.5)}, 0.15) == pytest.approx(
+    assert exploring(MIX, {**curves, "ppo": _risen(3.5)}, 0.15) == pytest.approx(
         {"ppo": 1.0, "sac": 1.0, "td3": 0.15})
     # not trained ready_s yet (each has 40 s): not judged (Hopper, measured: TD3 at 162
     # against PPO's 178 after 40 s, episode stds 2 to 5, got no round after its first two)
     assert exploring(MIX, curves, 0.15, ready=60.0) == MIX
     assert exploring(MIX, curves, 0.15, ready=40.0)["ppo"] == 0.15
     # not measured yet: the mix
-    assert exploring(MIX, {"ppo": _flat(0.0)}, 0.15) == MIX
+    assert exploring(MIX, {"ppo": _risen(0.0)}, 0.15) == MIX
     _curve(store, "ppo", [100.0, 105.0, 110.0])  # 60 s: ready_s
     _put(store, "a0", "sac", 400.0, wall=20.0)
     _put(store, "a", "sac", 500.0, parent="a0", wall=20.0)
@@ -490,3 +493,56 @@ def test_rounds_of_one_budget_are_compared_as_equal_training() -> None:
     # half a round later is the next round: not read
     ahead = Curve(((20.40, 215.0, 1.6), (52.0, 402.1, 1.5)))
     assert pairs({"sac": ahead, "td3": td3}, episodes=16) == {"sac": (0, 1), "td3": (1, 0)}
+
+
+def test_nothing_learned_leads_nothing() -> None:
+    # HalfCheetah, measured: PPO standing still (-1.8, then -195.6) after 55 s was ahead
+    # of SAC running backwards (-112.6, then -310.1), and took the leader's pod for 65 s
+    ppo = Curve(((28.7, -1.8, 1.1), (54.7, -1.8, 1.1)))
+    sac = Curve(((23.9, -112.6, 1.5), (47.6, -112.6, 1.5)))
+    assert pairs({"ppo": ppo, "sac": sac}, episodes=16) == {"ppo": (0, 0), "sac": (0, 0)}
+    # SAC's third round learned (960 after 71 s); PPO, at 21.6 +- 149 by then, had not
+    ppo = Curve((*ppo.points, (80.7, 21.6, 149.4)))
+    sac = Curve((*sac.points, (71.3, 960.2, 184.0)))
+    assert pairs({"ppo": ppo, "sac": sac}, episodes=16) == {"ppo": (0, 1), "sac": (1, 0)}
+    # a lead of one that learned, by more than the noise, wins as before
+    assert Curve(((20.0, 1.0, 0.0), (40.0, 5.0, 0.0))).learned(40.0)
+    assert not Curve(((20.0, 1.0, 3.0), (40.0, 2.0, 3.0))).learned(40.0, episodes=16)
+
+
+def test_the_leaders_pod_bets_on_the_prior_until_another_beats_it(
+        store: LeaderboardStore) -> None:
+    planner = _planner(store, {"sac": 1.0, "td3": 1.0, "ppo": 1.0}, members=2)
+    assert planner.incumbent == "sac"  # the prior: the first of an even mix
+    assert _planner(store, {"sac": 1.0, "ppo": 2.0}).incumbent == "ppo"  # the heaviest
+    first = planner.next()  # nothing in flight: for all the planner knows, one pod
+    assert first.algorithm == "sac" and not first.keeper and first.parent is None
+    planner.issued("s0", first)
+    second = planner.next()  # no second sac lineage while its first is measured
+    assert second.algorithm == "td3" and not second.keeper
+    planner.issued("t0", second)
+    _put(store, "s0", "sac", -112.6, std=1.5)
+    keeper = planner.next()  # sac's first round is back: the leader's pod, at once
+    assert keeper.keeper and keeper.algorithm == "sac"
+    assert keeper.parent is not None and keeper.parent.id == "s0"
+    planner.issued("s1", keeper)
+    _put(store, "t0", "td3", -406.1, std=43.9)
+    _put(store, "t1", "td3", -285.3, parent="t0", std=18.5)
+    _put(store, "p0", "ppo", -1.8, std=1.1)
+    _put(store, "p1", "ppo", -1.8, parent="p0", std=1.1)
+    _put(store, "s1", "sac", 960.0, parent="s0", wall=60.0, std=184.0)
+    # ppo and td3 are ahead of sac's first round, but have learned nothing or less than
+    # sac's lead: the pod stays with sac
+    planner.issued("x", Plan("ppo", None, False, "test"))  # the other pod is busy
+    again = planner.next()
+    assert again.keeper and again.algorithm == "sac" and again.parent is not None \
+        and again.parent.id == "s1"
+    planner.issued("s2", again)
+    # td3 passes sac at equal training, having learned: the pod goes to td3
+    _put(store, "t2", "td3", 2000.0, parent="t1", std=100.0)
+    _put(store, "t3", "td3", 2500.0, parent="t2", std=100.0)
+    _put(store, "s2", "sac", 1500.0, parent="s1", wall=60.0, std=100.0)
+    taken = planner.next()
+    assert taken.keeper and taken.algorithm == "td3" and planner.incumbent == "sac"
+    planner.issued("t4", taken)
+    assert planner.incumbent == "td3"
