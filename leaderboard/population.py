@@ -12,8 +12,12 @@ weights, so the score curve runs on through it), on an axis of training seconds
    they came back). The curve never falls, so a round that scores below an earlier one
    (common on MuJoCo: Hopper's SAC went 202, then 15) costs the algorithm nothing; it
    only stops adding to it. Two algorithms are compared where both have trained as long:
-   where the less trained one stands (give or take half its last round), the other's
-   curve read off at the same training; a lead within the noise of the two evaluations
+   where the less trained one stands, the other's curve read off at the same training,
+   on the line between the two points around it (a round learns all along and is scored
+   only at its end: read as a step, the leader's pod's 60 s rounds read 760 after 106 s
+   where it had 760 after 88 s and 2394 after 112 s, and lost to TD3's 1728 after 94 s;
+   and SAC's round of 20 s that ended 0.01 s after TD3's was read one round early, 215
+   instead of 402, against TD3's 279); a lead within the noise of the two evaluations
    (their standard error) wins nothing, so the algorithm further along keeps the lead
    (HalfCheetah, measured: TD3 at 4045 with an episode std of 929 against SAC at 4013,
    std 72, after 85 s each, handed TD3 the lead and stopped SAC's best lineage at 5521).
@@ -233,10 +237,16 @@ class Curve:
         return self.points[-1][1]
 
     def reading(self, training: float) -> tuple[float, float]:
-        """The best so far after ``training`` and its episode std (the first point's,
-        before the first point)."""
-        reached = [(best, std) for clock, best, std in self.points if clock <= training]
-        return reached[-1] if reached else self.points[0][1:]
+        """The best so far after ``training`` and its episode std: between two points, on
+        the line from one to the next (the larger std), since a round learns all along
+        and is only scored at its end; the first point's before it, the last's after it
+        (nothing extrapolated)."""
+        before = [p for p in self.points if p[0] <= training]
+        after = [p for p in self.points if p[0] > training]
+        if not before or not after:
+            return (before or self.points)[-1 if before else 0][1:]
+        (t0, best0, std0), (t1, best1, std1) = before[-1], after[0]
+        return best0 + (best1 - best0) * (training - t0) / (t1 - t0), max(std0, std1)
 
     def at(self, training: float) -> float:
         """The best so far after ``training``."""
@@ -256,13 +266,7 @@ def beats(curves: Mapping[str, Curve], a: str, b: str, episodes: int = 1) -> boo
     above ``a``'s first evaluation (HalfCheetah, measured: PPO standing still at -2
     after 55 s led SAC running backwards at -112, then held the leader's pod for 65 s
     while SAC, 5142 alone, waited)."""
-    less = min(curves[a], curves[b], key=lambda c: c.trained)
-    # where the less trained one stands, give or take half its last round: rounds of one
-    # budget overrun it by an iteration and an evaluation, so the other's round that
-    # ended 0.01 s later is the same round (Hopper, measured: read one round early,
-    # SAC's 215 instead of its 402 lost to TD3's 279 after 41.1 s each)
-    last = less.points[-1][0] - less.points[-2][0] if len(less.points) > 1 else 0.0
-    point = less.trained + 0.5 * last
+    point = min(curves[a].trained, curves[b].trained)  # where the less trained one stands
     (score_a, std_a), (score_b, std_b) = curves[a].reading(point), curves[b].reading(point)
     noise = math.sqrt((std_a ** 2 + std_b ** 2) / max(1, episodes - 1))
     return score_a - score_b > noise and curves[a].learned(point, episodes)
@@ -491,7 +495,12 @@ class Planner:
         share = shares(self.mix, curves, cfg.min_share, cfg.episodes)
         shared_pods = len(self.mix) > 1 and bool(self._issued)
         if shared_pods and not any(r.plan.keeper for r in self._issued.values()):
-            keeper = self._keeper(self._incumbent(curves))
+            chosen = self._incumbent(curves)
+            # a challenger whose head is busy takes the pod next time; until then the
+            # incumbent's lineage goes on there (measured: the pod went to the round
+            # robin, and the incumbent's best lineage, at 3720, had no round in the last
+            # 60 s)
+            keeper = self._keeper(chosen) or self._keeper(self.incumbent)
             if keeper is not None:
                 return keeper
         second = self._second_round(curves)
