@@ -45,19 +45,15 @@ weights, so the score curve runs on through it), on an axis of training seconds
    per round, so a change of shares takes effect at once rather than after the old
    surplus is paid back).
 
-   With more than one pod, **the leader's best lineage keeps a pod of its own** and the
-   other pods explore: when a round comes back and none in flight is on the leader's
-   pod, the leader's idle best head is continued there (``KEEPER``), so the lineage most
-   likely to win trains without a gap, as a lone pod would. Who leads there is decided
-   by *incumbency*: the first bet is the prior (the heaviest algorithm of the mix, then
-   the first listed: the default mix lists SAC first), from its first lineage's second
-   round on; the pod passes to another algorithm only when that one ``beats`` the
-   incumbent at equal training (several: the one that wins the most pairs). Measured on
-   HalfCheetah before this rule, with the pod given to the leader once all three were
-   measured (two rounds each): PPO led at 60 s of training, standing still against SAC's
-   early backward runs, and took the pod for 65 s; the tournament's SAC lineages reached
-   3500 and 3944 where SAC alone reached 5142, and a lone pod's head start is what a
-   tournament on two cores cannot give away. The leader's pod trains
+   With more than one pod, once every algorithm is measured and one leads on evidence
+   (it beats another at equal training: with none, the round robin), **the leader's
+   best lineage keeps a pod of its own** and the other pods explore: when a round comes
+   back and none in flight is on the leader's pod, the leader's idle best head is
+   continued there (``KEEPER``), so the lineage most likely to win trains without a
+   gap, as a lone pod would. A new leader whose head is busy on another pod takes the
+   pod next time; meanwhile the last leader's lineage goes on there (measured: the pod
+   went to the round robin, and the last leader's best lineage, at 3720, had no round
+   in the last 60 s). The leader's pod trains
    in rounds ``KEEPER_ROUNDS`` long (the pod waits for the updater's measurement
    of a round's checkpoint before it can continue it: once per long round). When that
    lineage has fallen significantly below the algorithm's best checkpoint (Welch, as
@@ -431,9 +427,8 @@ class Planner:
         self.rounds: dict[str, float] = dict.fromkeys(self.mix, 0.0)
         """Recent rounds per algorithm, each weighted ``RECENT_DECAY`` per later round."""
         self._issued: dict[str, _Issued] = {}
-        self.incumbent = max(self.mix, key=lambda a: (self.mix[a], -list(self.mix).index(a)))
-        """The algorithm on the leader's pod: first the prior (the heaviest of the mix,
-        then the first listed), then whoever ``beats`` it (``_incumbent``)."""
+        self.incumbent: str | None = None
+        """The algorithm of the last round on the leader's pod (none yet: ``None``)."""
 
     # ---------------------------------------------------------------- bookkeeping
 
@@ -493,14 +488,22 @@ class Planner:
         cfg = self.config
         curves = self._curves()
         share = shares(self.mix, curves, cfg.min_share, cfg.episodes)
-        shared_pods = len(self.mix) > 1 and bool(self._issued)
-        if shared_pods and not any(r.plan.keeper for r in self._issued.values()):
-            chosen = self._incumbent(curves)
-            # a challenger whose head is busy takes the pod next time; until then the
+        measured = {a: c for a, c in curves.items() if c is not None}
+        first = leader(measured, cfg.episodes)
+        shared_pods = first is not None and len(measured) == len(self.mix) > 1 \
+            and bool(self._issued)
+        # a leader on evidence: it beats another at equal training (``beats``); with
+        # none, the round robin
+        leads = first is not None and pairs(measured, cfg.episodes)[first][0] > 0
+        if shared_pods and leads and not any(r.plan.keeper for r in self._issued.values()):
+            assert first is not None
+            # a new leader whose head is busy takes the pod next time; until then the
             # incumbent's lineage goes on there (measured: the pod went to the round
             # robin, and the incumbent's best lineage, at 3720, had no round in the last
             # 60 s)
-            keeper = self._keeper(chosen) or self._keeper(self.incumbent)
+            keeper = self._keeper(first)
+            if keeper is None and self.incumbent is not None:
+                keeper = self._keeper(self.incumbent)
             if keeper is not None:
                 return keeper
         second = self._second_round(curves)
@@ -551,32 +554,12 @@ class Planner:
                 return Plan(algorithm, entries[0], False, MEASURE)
         return None
 
-    def _incumbent(self, curves: Mapping[str, Curve | None]) -> str:
-        """The algorithm of the leader's pod's next round: the incumbent, unless measured
-        algorithms ``beat`` it at equal training (then the one of them that wins the most
-        pairs). Not measured yet, it is not judged."""
-        measured = {a: c for a, c in curves.items() if c is not None}
-        if self.incumbent not in measured:
-            return self.incumbent
-        episodes = self.config.episodes
-        challengers = [a for a in measured
-                       if a != self.incumbent and beats(measured, a, self.incumbent, episodes)]
-        if not challengers:
-            return self.incumbent
-        tally = pairs(measured, episodes)
-        return max(challengers, key=lambda a: (tally[a][0], measured[a].best))
-
     def _keeper(self, algorithm: str) -> Plan | None:
         """The round of the leader's pod: its best idle head, continued; or, when that
         lineage fell significantly below the algorithm's best checkpoint and is not
-        improving, that checkpoint (``RETURN``); its first lineage when it has none and
-        no round of it is in flight; None while the head is busy."""
+        improving, that checkpoint (``RETURN``); None while the head is busy."""
         cfg = self.config
         entries = self.store.top(1_000_000, algorithm=algorithm)
-        if not entries:
-            if any(rec.plan.algorithm == algorithm for rec in self._issued.values()):
-                return None
-            return Plan(algorithm, None, False, KEEPER, keeper=True)
         family = Family(entries, cfg.by_steps)
         head, best = family.heads[0], entries[0]
         if not self._idle(head):

@@ -127,7 +127,7 @@ def train(env: str | None = None, algos: Algos | None = None, budget: str | None
     """Run a tournament in this process (embedded, nothing else needed) and return it.
 
     ``env`` a Podracer env name (default ``torch/Pendulum-v1``); ``algos`` the mix
-    (default SAC, TD3 and PPO, without those that cannot act in the env); ``budget`` the
+    (default PPO, SAC and TD3, without those that cannot act in the env); ``budget`` the
     total budget as in ``--budget`` (``"90s"``, ``"5m"``, ``"200k"`` env steps; ``None``:
     the experiment file's, else ``podracer train``'s default); ``target`` stops at this
     best score; ``experiment`` an experiment file whose values the other arguments

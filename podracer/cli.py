@@ -270,8 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "Podracer's defaults)")
     p.add_argument("--env", help=f"env name (default: the file's, else {DEFAULT_ENV})")
     p.add_argument("--algos", help="algorithm mix, e.g. ppo,sac,td3 or ppo:2,sac:1 "
-                   "(default: the file's, else sac,td3,ppo less those that cannot act on "
-                   "the env; the first, or heaviest, is the leader's pod's first bet)")
+                   "(default: the file's, else ppo,sac,td3 less those that cannot act on "
+                   "the env)")
     p.add_argument("--pods", type=int, help="population size (default: the file's, else "
                    "0 = from the machine: one per GPU, else one per CPU core)")
     p.add_argument("--target-score", type=float,

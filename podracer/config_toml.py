@@ -134,7 +134,7 @@ def print_config(args: argparse.Namespace, experiment: Any) -> int:
         notes["total_budget"] = ("Default of a run from flags alone: 30 minutes (a file "
                                  "gives its own, or a target_score).")
     if not (args.algos or args.experiment_file or args.experiment):
-        notes["algos"] = ("Default: sac, td3 and ppo (the first is the leader's pod's first "
-                          "bet); train drops those that cannot act in the env's action space.")
+        notes["algos"] = ("Default: ppo, sac and td3; train drops those that cannot act "
+                          "in the env's action space.")
     sys.stdout.write(experiment_toml(experiment, notes))
     return 0

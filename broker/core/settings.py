@@ -81,9 +81,7 @@ def default_experiment_data(env: str = DEFAULT_ENV) -> dict[str, Any]:
     return {
         "name": name.strip("-") or "default",
         "env": env,
-        # the first is the leader's pod's first bet (``leaderboard.population``): SAC, the
-        # best lone agent on this project's MuJoCo benchmarks
-        "algos": {"sac": 1, "td3": 1, "ppo": 1},
+        "algos": {"ppo": 1, "sac": 1, "td3": 1},
         # the one default a file does not share: a file says how its run ends (train
         # refuses one that never would); a run from flags alone stops after 30 minutes
         "total_budget": {"seconds": 1800.0},

@@ -66,7 +66,7 @@ def test_serve_checks_too(workdir: Path, capsys: Any) -> None:
 def test_dry_run_checks_only(workdir: Path, capsys: Any) -> None:
     assert main(["train", "--env", "torch/Pendulum-v1", "--budget", "2s", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "checks passed" in out and "algorithms sac, td3, ppo" in out
+    assert "checks passed" in out and "algorithms ppo, sac, td3" in out
     assert list(workdir.iterdir()) == []
 
 

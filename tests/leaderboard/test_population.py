@@ -339,23 +339,26 @@ def test_the_leaders_best_lineage_keeps_a_pod_of_its_own(store: LeaderboardStore
     # ppo is behind, within the noise of its evaluations: not behind every other
     _put(store, "p0", "ppo", 100.0, std=5000.0)
     _put(store, "p1", "ppo", 110.0, parent="p0", std=5000.0)
-    _put(store, "a", "sac", 500.0, wall=100.0)  # the leader's best lineage
     _put(store, "b", "sac", 300.0, wall=100.0, hparams={"lr": 2e-3})
-    planner = _planner(store, {"sac": 1.0, "ppo": 1.0}, members=2)  # sac: the prior
+    _put(store, "a", "sac", 500.0, wall=100.0)  # the leader's best lineage
+    _put(store, "t0", "td3", -500.0, wall=150.0)  # behind sac at equal training
+    _put(store, "t1", "td3", -400.0, parent="t0", wall=150.0)
+    planner = _planner(store, members=2)
     for k in range(10):  # sac has had more than its share of the recent rounds
         planner.issued(f"s{k}", Plan("sac", None, False, "test"))
     # the other pod is busy (rounds s0..s9 are in flight): a is continued though the
-    # round robin owes ppo its floor
+    # round robin owes the others their floors
     plan = planner.next()
     assert plan.algorithm == "sac" and plan.parent is not None and plan.parent.id == "a"
     assert plan.reason == "continue the leader's best lineage" and plan.keeper and not plan.mutate
     before = dict(planner.rounds)
     planner.issued("a1", plan)
     assert planner.rounds == before  # the leader's own pod: not a round of the others
-    # a is busy: the other pod goes round robin by the mix (1:1), not by the shares
-    # (0.85 sac): by the shares sac would be owed the round, by the mix ppo is
-    assert planner.allocation()["sac"] == pytest.approx(0.85)
-    planner.rounds.update(sac=1.0, ppo=0.5)
+    assert planner.incumbent == "sac"
+    # a is busy: the other pod goes round robin by the mix (1:1:1), not by the shares
+    # (0.7 sac): by the shares sac would be owed the round, by the mix ppo is
+    assert planner.allocation()["sac"] == pytest.approx(0.7)
+    planner.rounds.update(sac=1.0, ppo=0.5, td3=2.0)
     assert planner.next().algorithm == "ppo"
     # b overtakes a while a's round is in flight: b is continued by the round robin,
     # not as a second pod of the leader's own (both lineages would then hold every pod)
@@ -368,14 +371,15 @@ def test_the_leaders_best_lineage_keeps_a_pod_of_its_own(store: LeaderboardStore
     for _ in range(10):
         alone.rounds["sac"] = alone.rounds.get("sac", 0.0) * 0.9 + 1.0
     assert alone.next().algorithm == "ppo"
-    # an algorithm not measured yet (td3) does not hold the pod back: sac, which
-    # beats the incumbent at equal training, keeps it
-    waiting = _planner(store, {"ppo": 1.0, "sac": 1.0, "td3": 1.0}, members=2)
-    waiting.incumbent = "sac"
+    # an algorithm not measured yet (ddpg): it is measured first, no pod is kept
+    waiting = _planner(store, {"ppo": 1.0, "sac": 1.0, "ddpg": 1.0}, members=2)
     for k in range(10):
-        waiting.issued(f"w{k}", Plan("ppo", None, False, "test"))
-    kept = waiting.next()
-    assert kept.keeper and kept.algorithm == "sac"
+        waiting.issued(f"w{k}", Plan("sac", None, False, "test"))
+    assert waiting.next().algorithm == "ddpg"
+    # a lead within the noise of every pair is no lead: no pod is kept
+    even = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=2)
+    even.issued("e", Plan("ppo", None, False, "test"))
+    assert not even.next().keeper
 
 
 def test_a_round_that_scores_below_an_earlier_one_costs_no_share(
@@ -518,46 +522,21 @@ def test_nothing_learned_leads_nothing() -> None:
     assert not Curve(((20.0, 1.0, 3.0), (40.0, 2.0, 3.0))).learned(40.0, episodes=16)
 
 
-def test_the_leaders_pod_bets_on_the_prior_until_another_beats_it(
+def test_a_new_leader_whose_head_is_busy_leaves_the_pod_to_the_incumbent(
         store: LeaderboardStore) -> None:
-    planner = _planner(store, {"sac": 1.0, "td3": 1.0, "ppo": 1.0}, members=2)
-    assert planner.incumbent == "sac"  # the prior: the first of an even mix
-    assert _planner(store, {"sac": 1.0, "ppo": 2.0}).incumbent == "ppo"  # the heaviest
-    first = planner.next()  # nothing in flight: for all the planner knows, one pod
-    assert first.algorithm == "sac" and not first.keeper and first.parent is None
-    planner.issued("s0", first)
-    second = planner.next()  # no second sac lineage while its first is measured
-    assert second.algorithm == "td3" and not second.keeper
-    planner.issued("t0", second)
-    _put(store, "s0", "sac", -112.6, std=1.5)
-    keeper = planner.next()  # sac's first round is back: the leader's pod, at once
-    assert keeper.keeper and keeper.algorithm == "sac"
-    assert keeper.parent is not None and keeper.parent.id == "s0"
-    planner.issued("s1", keeper)
-    _put(store, "t0", "td3", -406.1, std=43.9)
-    _put(store, "t1", "td3", -285.3, parent="t0", std=18.5)
-    _put(store, "p0", "ppo", -1.8, std=1.1)
-    _put(store, "p1", "ppo", -1.8, parent="p0", std=1.1)
-    _put(store, "s1", "sac", 960.0, parent="s0", wall=60.0, std=184.0)
-    # ppo and td3 are ahead of sac's first round, but have learned nothing or less than
-    # sac's lead: the pod stays with sac
+    # measured: the pod went to the round robin, and the incumbent's best lineage, at
+    # 3720, had no round in the last 60 s
+    _curve(store, "ppo", [100.0, 110.0])
+    _curve(store, "td3", [-100.0, -50.0])
+    _curve(store, "sac", [0.0, 1000.0])
+    planner = _planner(store, members=2)
     planner.issued("x", Plan("ppo", None, False, "test"))  # the other pod is busy
-    again = planner.next()
-    assert again.keeper and again.algorithm == "sac" and again.parent is not None \
-        and again.parent.id == "s1"
-    planner.issued("s2", again)
-    # td3 passes sac at equal training, having learned: the pod goes to td3
-    _put(store, "t2", "td3", 2000.0, parent="t1", std=100.0)
-    _put(store, "t3", "td3", 2500.0, parent="t2", std=100.0)
-    _put(store, "s2", "sac", 1500.0, parent="s1", wall=60.0, std=100.0)
-    # td3's head is busy on the other pod: the incumbent's lineage goes on meanwhile
-    planner.issued("t4", Plan("td3", store.get("t3"), False, "test"))
+    keeper = planner.next()
+    assert keeper.keeper and keeper.algorithm == "sac" and planner.incumbent is None
+    planner.issued("sac2", keeper)
+    _put(store, "sac2", "sac", 1100.0, parent="sac1")
+    _put(store, "td32", "td3", 5000.0, parent="td31")  # td3 leads at equal training
+    planner.issued("td33", Plan("td3", store.get("td32"), False, "test"))  # busy
     held = planner.next()
     assert held.keeper and held.algorithm == "sac" and held.parent is not None \
-        and held.parent.id == "s2"
-    _put(store, "t4", "td3", 2600.0, parent="t3", std=100.0)  # back: td3 takes the pod
-    taken = planner.next()
-    assert taken.keeper and taken.algorithm == "td3" and planner.incumbent == "sac"
-    assert taken.parent is not None and taken.parent.id == "t4"
-    planner.issued("t5", taken)
-    assert planner.incumbent == "td3"
+        and held.parent.id == "sac2"
