@@ -101,13 +101,13 @@ What is in flight is remembered per initialization until its checkpoint is store
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 from broker.core.errors import ConfigError
+from leaderboard.curves import Curve, cost, exploring, leader, pairs, shares, slope
 from leaderboard.selection import SelectionStrategy, ranked, significantly_better
 from leaderboard.store import Entry, LeaderboardStore
 
@@ -193,149 +193,6 @@ class Plan:
 class _Issued:
     plan: Plan
     at: float
-
-
-def cost(entry: Entry, by_steps: bool) -> float:
-    """The training behind ``entry``: env steps (``by_steps``) or wall seconds."""
-    return float(entry.env_steps) if by_steps else entry.wall_time
-
-
-@dataclasses.dataclass(frozen=True)
-class Curve:
-    """An algorithm's best score so far against the training it has had (module doc,
-    step 1): ``points`` are ``(training, best so far, that best's episode std)`` after
-    each of its checkpoints, in the order they came back."""
-
-    points: tuple[tuple[float, float, float], ...]
-
-    @classmethod
-    def of(cls, entries: Sequence[Entry], by_steps: bool = False) -> Curve | None:
-        """The curve of ``entries`` (``None``: fewer than two, not measured yet)."""
-        if len(entries) < 2:
-            return None
-        clock, best, std = 0.0, -math.inf, 0.0
-        points = []
-        for entry in sorted(entries, key=lambda e: (e.created, e.id)):
-            clock += cost(entry, by_steps)
-            if entry.score_mean > best:
-                best, std = entry.score_mean, entry.score_std
-            points.append((clock, best, std))
-        return cls(tuple(points))
-
-    @property
-    def trained(self) -> float:
-        """Training behind the newest point."""
-        return self.points[-1][0]
-
-    @property
-    def best(self) -> float:
-        """The best score so far."""
-        return self.points[-1][1]
-
-    def reading(self, training: float) -> tuple[float, float]:
-        """The best so far after ``training`` and its episode std: between two points, on
-        the line from one to the next (the larger std), since a round learns all along
-        and is only scored at its end; the first point's before it, the last's after it
-        (nothing extrapolated)."""
-        before = [p for p in self.points if p[0] <= training]
-        after = [p for p in self.points if p[0] > training]
-        if not before or not after:
-            return (before or self.points)[-1 if before else 0][1:]
-        (t0, best0, std0), (t1, best1, std1) = before[-1], after[0]
-        return best0 + (best1 - best0) * (training - t0) / (t1 - t0), max(std0, std1)
-
-    def at(self, training: float) -> float:
-        """The best so far after ``training``."""
-        return self.reading(training)[0]
-
-    def learned(self, training: float, episodes: int = 1) -> bool:
-        """Whether the best so far after ``training`` is above the first evaluation by
-        more than the noise of the two (nothing learned yet leads nothing)."""
-        (score, std), (_, first, first_std) = self.reading(training), self.points[0]
-        return score - first > math.sqrt((std ** 2 + first_std ** 2) / max(1, episodes - 1))
-
-
-def beats(curves: Mapping[str, Curve], a: str, b: str, episodes: int = 1) -> bool:
-    """Whether ``a`` is ahead of ``b`` at equal training (module doc, step 1): where the
-    less trained one stands, by a lead larger than the noise of the two evaluations
-    (their standard error over ``episodes``), and with a best so far that has risen
-    above ``a``'s first evaluation (HalfCheetah, measured: PPO standing still at -2
-    after 55 s led SAC running backwards at -112, then held the leader's pod for 65 s
-    while SAC, 5142 alone, waited)."""
-    point = min(curves[a].trained, curves[b].trained)  # where the less trained one stands
-    (score_a, std_a), (score_b, std_b) = curves[a].reading(point), curves[b].reading(point)
-    noise = math.sqrt((std_a ** 2 + std_b ** 2) / max(1, episodes - 1))
-    return score_a - score_b > noise and curves[a].learned(point, episodes)
-
-
-def pairs(curves: Mapping[str, Curve], episodes: int = 1) -> dict[str, tuple[int, int]]:
-    """(pairs won, pairs lost) per algorithm: a pair is won by the one that ``beats``
-    the other."""
-    tally = {name: [0, 0] for name in curves}
-    for a, b in itertools.combinations(curves, 2):
-        for won, lost in ((a, b), (b, a)):
-            if beats(curves, won, lost, episodes):
-                tally[won][0] += 1
-                tally[lost][1] += 1
-    return {name: (won, lost) for name, (won, lost) in tally.items()}
-
-
-def leader(curves: Mapping[str, Curve], episodes: int = 1) -> str | None:
-    """The algorithm that wins the most ``pairs`` (ties: the higher best so far, then the
-    order given)."""
-    names = list(curves)
-    if not names:
-        return None
-    tally = pairs(curves, episodes)
-    return max(names, key=lambda n: (tally[n][0], curves[n].best, -names.index(n)))
-
-
-def exploring(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
-              min_share: float, episodes: int = 1, ready: float = 0.0) -> dict[str, float]:
-    """The weights of the exploring pods' round robin (module doc, step 1): the mix, but
-    an algorithm that has trained ``ready`` and is behind every other at equal training
-    (it loses each of its ``pairs``) keeps only its floor, ``min_share`` times its
-    weight."""
-    measured = {a: c for a in mix if (c := curves.get(a)) is not None}
-    tally = pairs(measured, episodes)
-    others = len(measured) - 1
-    behind = {a for a, c in measured.items()
-              if others > 0 and tally[a][1] == others and c.trained >= ready}
-    return {a: w * (min_share if a in behind else 1.0) for a, w in mix.items()}
-
-
-def shares(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
-           min_share: float, episodes: int = 1) -> dict[str, float]:
-    """Share of rounds per algorithm (module doc, step 1). ``curves`` maps an algorithm to
-    its curve (``None`` or absent: not measured yet); ``episodes`` behind each score."""
-    total = sum(mix.values())
-    weights = {a: w / total for a, w in mix.items()}
-    if len(mix) == 1:
-        return weights
-    out = {a: w for a, w in weights.items() if curves.get(a) is None}
-    measured = {a: c for a in mix if (c := curves.get(a)) is not None}
-    if not measured:
-        return weights
-    left = 1.0 - sum(out.values())
-    floors = {a: min_share * weights[a] * len(mix) for a in measured}
-    pot = left - sum(floors.values())
-    if pot <= 0.0:  # floors too large to leave anything to earn: the mix
-        return weights
-    first = leader(measured, episodes)
-    return {**out, **{a: floors[a] + (pot if a == first else 0.0) for a in measured}}
-
-
-def slope(points: Sequence[tuple[float, float]]) -> float | None:
-    """Least-squares slope of ``(seconds, score)`` points (``None``: fewer than two
-    distinct times)."""
-    if len(points) < 2:
-        return None
-    mean_t = sum(t for t, _ in points) / len(points)
-    mean_s = sum(s for _, s in points) / len(points)
-    spread = sum((t - mean_t) ** 2 for t, _ in points)
-    if spread <= 0.0:
-        return None
-    return sum((t - mean_t) * (s - mean_s) for t, s in points) / spread
 
 
 def _continues(child: Entry, parent: Entry) -> bool:

@@ -15,17 +15,8 @@ import torch
 
 from broker.core.errors import ConfigError
 from broker.core.schemas import Checkpoint
-from leaderboard.population import (
-    Curve,
-    Family,
-    Plan,
-    Planner,
-    PopulationConfig,
-    exploring,
-    leader,
-    pairs,
-    shares,
-)
+from leaderboard.curves import Curve, exploring, leader, pairs, shares
+from leaderboard.population import Family, Plan, Planner, PopulationConfig
 from leaderboard.selection import Tournament
 from leaderboard.store import LeaderboardStore
 
