@@ -60,8 +60,10 @@ class Curve:
         (nothing extrapolated)."""
         before = [p for p in self.points if p[0] <= training]
         after = [p for p in self.points if p[0] > training]
-        if not before or not after:
-            return (before or self.points)[-1 if before else 0][1:]
+        if not before:
+            return self.points[0][1:]
+        if not after:
+            return self.points[-1][1:]
         (t0, best0, std0), (t1, best1, std1) = before[-1], after[0]
         return best0 + (best1 - best0) * (training - t0) / (t1 - t0), max(std0, std1)
 
@@ -101,13 +103,14 @@ def pairs(curves: Mapping[str, Curve], episodes: int = 1) -> dict[str, tuple[int
     return {name: (won, lost) for name, (won, lost) in tally.items()}
 
 
-def leader(curves: Mapping[str, Curve], episodes: int = 1) -> str | None:
+def leader(curves: Mapping[str, Curve], episodes: int = 1,
+           tally: Mapping[str, tuple[int, int]] | None = None) -> str | None:
     """The algorithm that wins the most ``pairs`` (ties: the higher best so far, then the
-    order given)."""
+    order given); ``tally``: those pairs, when the caller has them already."""
     names = list(curves)
     if not names:
         return None
-    tally = pairs(curves, episodes)
+    tally = tally if tally is not None else pairs(curves, episodes)
     return max(names, key=lambda n: (tally[n][0], curves[n].best, -names.index(n)))
 
 

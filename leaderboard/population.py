@@ -346,14 +346,14 @@ class Planner:
         curves = self._curves()
         share = shares(self.mix, curves, cfg.min_share, cfg.episodes)
         measured = {a: c for a, c in curves.items() if c is not None}
-        first = leader(measured, cfg.episodes)
+        tally = pairs(measured, cfg.episodes)
+        first = leader(measured, cfg.episodes, tally)
         shared_pods = first is not None and len(measured) == len(self.mix) > 1 \
             and bool(self._issued)
         # a leader on evidence: it beats another at equal training (``beats``); with
         # none, the round robin
-        leads = first is not None and pairs(measured, cfg.episodes)[first][0] > 0
-        if shared_pods and leads and not any(r.plan.keeper for r in self._issued.values()):
-            assert first is not None
+        if shared_pods and first is not None and tally[first][0] > 0 \
+                and not any(r.plan.keeper for r in self._issued.values()):
             # a new leader whose head is busy takes the pod next time; until then the
             # incumbent's lineage goes on there (measured: the pod went to the round
             # robin, and the incumbent's best lineage, at 3720, had no round in the last
