@@ -1,4 +1,5 @@
-"""Learning continuity across rounds: a lineage keeps its replay data and its envs.
+"""Learning continuity across rounds: a lineage keeps its replay data; a pod its envs
+and their episodes.
 
 Off-policy data stays valid for any policy, so a child that continues a lineage should
 train on everything its ancestors collected instead of filling an empty buffer again.
@@ -13,6 +14,14 @@ buffer (tens of MiB per round on MuJoCo, for every checkpoint ever stored). Inst
   Pinning ``checkpoint_replay = true`` ships the buffer in the checkpoint instead.
 * ``EnvPool`` keeps a worker's envs between rounds: the next round on the same env and
   copy count takes them back instead of building them again (MuJoCo builds are slow).
+* ``ContinuingEnv`` carries a kept training env's episodes on into the next round: a
+  new or restored agent resets its env when it first explores, and that reset would
+  throw away every episode in progress. Measured on HalfCheetah here, a 20 s round
+  steps each of SAC's 64 copies about 200 times, so no training episode of a
+  tournament ever got past step ~200 of its 1000 (650 on the leader's pod's longer
+  rounds), while the evaluation, and the lone pod's training, run all 1000. Any
+  policy may carry on any episode: an off-policy transition does not depend on who
+  led the env there, and PPO bootstraps a rollout's end as it would mid-round.
 
 Rows are kept in chronological order on the CPU (``replay.pos`` 0 for a full ring), so
 they load into a buffer of any capacity: a smaller one keeps the newest rows.
@@ -25,13 +34,15 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
+from typing import Any
 
+import gymnasium
 import psutil
 import torch
 
 from agents.replay import ReplayBuffer
 from broker.core.errors import ConfigError
-from envs.base import VecEnv
+from envs.base import AutoresetMode, StepResult, VecEnv
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +168,55 @@ def default_cache_bytes() -> int:
                               "e.g. PODRACER_REPLAY_CACHE_MIB=512 (0 keeps no replay rows)")
         return mib * 2**20
     return min(8 * 2**30, psutil.virtual_memory().available // 4)
+
+
+class ContinuingEnv:
+    """A kept training env whose next round carries on the episodes in progress.
+
+    ``carry_on()`` (the runner calls it when a round takes the env) makes the next
+    ``reset`` return where the copies stand instead of resetting them; every other reset
+    is real, and so is the first one of an env never stepped (or whose round failed:
+    the runner closes those). The reset's seed is then unused; the env's own RNG goes on.
+    """
+
+    def __init__(self, env: VecEnv) -> None:
+        self.inner = env
+        self.num_envs: int = env.num_envs
+        self.device: torch.device = env.device
+        self.single_observation_space: gymnasium.spaces.Space[Any] = (
+            env.single_observation_space)
+        self.single_action_space: gymnasium.spaces.Space[Any] = env.single_action_space
+        self.autoreset_mode: AutoresetMode = env.autoreset_mode
+        self.carried = 0
+        """Rounds that carried on this env's episodes."""
+        self._obs: torch.Tensor | None = None
+        self._carry = False
+
+    def carry_on(self) -> None:
+        """Let the next ``reset`` carry on the episodes in progress (if any)."""
+        self._carry = self._obs is not None
+
+    def reset(self, *, seed: int | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Where the copies stand after ``carry_on``, else a real reset."""
+        if self._carry and self._obs is not None:
+            self._carry = False
+            self.carried += 1
+            return self._obs, {}
+        obs, info = self.inner.reset(seed=seed)
+        self._obs = obs
+        return obs, info
+
+    def step(self, action: torch.Tensor) -> StepResult:
+        """Step the env, remembering where the copies stand."""
+        result = self.inner.step(action)
+        self._obs = result[0]
+        self._carry = False
+        return result
+
+    def close(self) -> None:
+        """Close the wrapped env."""
+        self._obs = None
+        self.inner.close()
 
 
 class EnvPool:

@@ -11,7 +11,8 @@ compute handed to a worker as a ``RoundJob`` and returned as a ``RoundOutput``:
   2-core machine; on processes they get both. Embedded mode gives every pod after
   the first one such a worker.
 
-The runner keeps its envs between rounds (``EnvPool``). Jobs and outputs cross the
+The runner keeps its envs between rounds (``EnvPool``), and a training env's episodes
+go on into the next round (``ContinuingEnv``); evaluations always start from resets. Jobs and outputs cross the
 process boundary as Python objects over a local pipe between a pod and the process it
 started itself, never over the network; what comes from the broker was decoded and
 validated by the pod before it became a job.
@@ -32,7 +33,7 @@ import torch
 
 from agents.base import Agent, AlgorithmRegistry
 from agents.build import Resolved
-from agents.pod.continuity import EnvPool, Rows, fit_rows, replay_rows
+from agents.pod.continuity import ContinuingEnv, EnvPool, Rows, fit_rows, replay_rows
 from agents.pod.learners import LearnerGroup, build_learners
 from agents.pod.pool import ExperiencePool
 from agents.pod.pool_link import DEFAULT_OWN_SHARE, link_agent, record_envs, unwrap
@@ -113,6 +114,18 @@ def buffer_of(agent: Agent) -> ReplayBuffer | None:
     return buffer if isinstance(buffer, ReplayBuffer) else None
 
 
+def carried(env: VecEnv) -> ContinuingEnv:
+    """``env`` as a training env of this round: its episodes in progress carry on."""
+    kept = env if isinstance(env, ContinuingEnv) else ContinuingEnv(env)
+    kept.carry_on()
+    return kept
+
+
+def plain(env: VecEnv) -> VecEnv:
+    """``env`` as an evaluation env: every reset real."""
+    return env.inner if isinstance(env, ContinuingEnv) else env
+
+
 class RoundRunner:
     """Builds and trains rounds; envs stay open between rounds (see module doc)."""
 
@@ -132,8 +145,8 @@ class RoundRunner:
         taken: list[VecEnv] = []
         try:
             for _ in range(self.config.learners):
-                taken.append(self.envs.take(name, copies))
-            taken.append(self.envs.take(name, self.config.eval_episodes))
+                taken.append(carried(self.envs.take(name, copies)))
+            taken.append(plain(self.envs.take(name, self.config.eval_episodes)))
         except EnvUnavailable:
             self._give_back(name, taken)
             raise

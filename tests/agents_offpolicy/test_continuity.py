@@ -13,6 +13,7 @@ from agents.base import config_to_hparams
 from agents.build import resolve, resolve_config
 from agents.pod.continuity import (
     CACHE_ENV,
+    ContinuingEnv,
     EnvPool,
     ReplayCache,
     default_cache_bytes,
@@ -164,14 +165,49 @@ def test_a_continuing_child_holds_its_parents_transitions_and_a_fresh_one_starts
 
 def test_siblings_of_one_parent_explore_differently_and_a_seed_repeats() -> None:
     torch.set_num_threads(1)
-    runner = _runner()
-    parent = runner.run(_job(80))
-    new = [runner.run(_child(parent, seed=s)).replay for s in (1, 2, 1)]
-    assert all(r is not None for r in new)
-    after = [r["replay.action"][80:] for r in new if r is not None]
-    assert not torch.equal(after[0], after[1])  # siblings: their own noise and resets
+    after = []
+    for seed in (1, 2, 1):  # each on a runner of its own: the same envs' history
+        runner = _runner()
+        parent = runner.run(_job(80))
+        child = runner.run(_child(parent, seed=seed)).replay
+        assert child is not None
+        after.append(child["replay.action"][80:])
+        runner.close()
+    assert not torch.equal(after[0], after[1])  # siblings: their own noise
     assert torch.equal(after[0], after[2])  # the same seed replays the same round
+
+
+def test_the_next_round_carries_on_the_episodes_and_evaluations_start_afresh() -> None:
+    torch.set_num_threads(1)
+    runner = _runner()
+    parent = runner.run(_job(80))  # 20 steps of each of 4 copies: no Pendulum episode ends
+    child = runner.run(_child(parent, seed=1))
+    assert child.replay is not None
+    rows = child.replay
+    # the child's first observations are where the parent's copies stood (no reset)
+    assert torch.equal(rows["replay.obs"][80:84], rows["replay.next_obs"][76:80])
+    cold = _runner().run(_child(parent, seed=1))  # a runner whose envs never stepped
+    assert cold.replay is not None
+    assert not torch.equal(cold.replay["replay.obs"][80:84], rows["replay.next_obs"][76:80])
+    kept = runner.envs.take(PENDULUM, 4)
+    assert isinstance(kept, ContinuingEnv) and kept.carried == 1
+    evals = runner.envs.take(PENDULUM, 2)  # the evaluation env is never a carried one
+    assert not isinstance(evals, ContinuingEnv)
     runner.close()
+
+
+def test_a_carried_env_resets_for_real_unless_told_to_carry_on() -> None:
+    env = ContinuingEnv(make_env(PENDULUM, 2))
+    env.carry_on()  # never stepped: nothing to carry on
+    first, _ = env.reset(seed=3)
+    stepped = env.step(torch.zeros(2, 1))[0]
+    again, _ = env.reset(seed=3)  # not told to carry on: a real, seeded reset
+    assert torch.equal(again, first) and not torch.equal(stepped, first)
+    after = env.step(torch.zeros(2, 1))[0]
+    env.carry_on()
+    assert torch.equal(env.reset(seed=4)[0], after) and env.carried == 1
+    assert torch.equal(env.reset(seed=3)[0], first)  # once only
+    env.close()
 
 
 @pytest.mark.parametrize("algorithm", ["ppo", "sac", "td3", "ddpg", "dqn"])
