@@ -16,11 +16,11 @@ buffer (tens of MiB per round on MuJoCo, for every checkpoint ever stored). Inst
   copy count takes them back instead of building them again (MuJoCo builds are slow).
 * ``ContinuingEnv`` carries a kept training env's episodes on into the next round: a
   new or restored agent resets its env when it first explores, and that reset would
-  throw away every episode in progress. Measured on HalfCheetah here, a 20 s round
-  steps each of SAC's 64 copies about 200 times, so no training episode of a
-  tournament ever got past step ~200 of its 1000 (650 on the leader's pod's longer
-  rounds), while the evaluation, and the lone pod's training, run all 1000. Any
-  policy may carry on any episode: an off-policy transition does not depend on who
+  throw away every episode in progress. Measured on HalfCheetah on this 2-core CPU, a
+  20 s round steps each of SAC's 64 copies 200 times (a slow day) to 860 (a fast one),
+  so no training episode of a tournament got past that step of its 1000, while the
+  evaluation, and the lone pod's training, run all 1000. Any policy may carry on any
+  episode: an off-policy transition does not depend on who
   led the env there, and PPO bootstraps a rollout's end as it would mid-round.
 
 Rows are kept in chronological order on the CPU (``replay.pos`` 0 for a full ring), so
