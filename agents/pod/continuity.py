@@ -20,8 +20,8 @@ buffer (tens of MiB per round on MuJoCo, for every checkpoint ever stored). Inst
   20 s round steps each of SAC's 64 copies 200 times (a slow day) to 860 (a fast one),
   so no training episode of a tournament got past that step of its 1000, while the
   evaluation, and the lone pod's training, run all 1000. Any policy may carry on any
-  episode: an off-policy transition does not depend on who
-  led the env there, and PPO bootstraps a rollout's end as it would mid-round.
+  episode: an off-policy transition does not depend on who led the env there, and PPO
+  bootstraps a rollout's end as it would mid-round.
 
 Rows are kept in chronological order on the CPU (``replay.pos`` 0 for a full ring), so
 they load into a buffer of any capacity: a smaller one keeps the newest rows.

@@ -12,10 +12,10 @@ compute handed to a worker as a ``RoundJob`` and returned as a ``RoundOutput``:
   the first one such a worker.
 
 The runner keeps its envs between rounds (``EnvPool``), and a training env's episodes
-go on into the next round (``ContinuingEnv``); evaluations always start from resets. Jobs and outputs cross the
-process boundary as Python objects over a local pipe between a pod and the process it
-started itself, never over the network; what comes from the broker was decoded and
-validated by the pod before it became a job.
+go on into the next round (``ContinuingEnv``); evaluations always start from resets.
+Jobs and outputs cross the process boundary as Python objects over a local pipe
+between a pod and the process it started itself, never over the network; what comes
+from the broker was decoded and validated by the pod before it became a job.
 """
 
 from __future__ import annotations
