@@ -56,3 +56,29 @@ class VecEnv(Protocol):
     def close(self) -> None:
         """Release simulator resources; idempotent."""
         ...
+
+
+class EnvWrapper:
+    """A ``VecEnv`` around ``inner`` with its spaces, copies and device; ``reset``,
+    ``step`` and ``close`` pass through (a subclass changes what it needs)."""
+
+    def __init__(self, env: VecEnv) -> None:
+        self.inner = env
+        self.num_envs: int = env.num_envs
+        self.device: torch.device = env.device
+        self.single_observation_space: gymnasium.spaces.Space[Any] = (
+            env.single_observation_space)
+        self.single_action_space: gymnasium.spaces.Space[Any] = env.single_action_space
+        self.autoreset_mode: AutoresetMode = env.autoreset_mode
+
+    def reset(self, *, seed: int | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Reset the wrapped env."""
+        return self.inner.reset(seed=seed)
+
+    def step(self, action: torch.Tensor) -> StepResult:
+        """Step the wrapped env."""
+        return self.inner.step(action)
+
+    def close(self) -> None:
+        """Close the wrapped env."""
+        self.inner.close()

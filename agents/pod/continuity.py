@@ -36,13 +36,12 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import gymnasium
 import psutil
 import torch
 
 from agents.replay import ReplayBuffer
 from broker.core.errors import ConfigError
-from envs.base import AutoresetMode, StepResult, VecEnv
+from envs.base import EnvWrapper, StepResult, VecEnv
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +169,7 @@ def default_cache_bytes() -> int:
     return min(8 * 2**30, psutil.virtual_memory().available // 4)
 
 
-class ContinuingEnv:
+class ContinuingEnv(EnvWrapper):
     """A kept training env whose next round carries on the episodes in progress.
 
     ``carry_on()`` (the runner calls it when a round takes the env) makes the next
@@ -180,13 +179,7 @@ class ContinuingEnv:
     """
 
     def __init__(self, env: VecEnv) -> None:
-        self.inner = env
-        self.num_envs: int = env.num_envs
-        self.device: torch.device = env.device
-        self.single_observation_space: gymnasium.spaces.Space[Any] = (
-            env.single_observation_space)
-        self.single_action_space: gymnasium.spaces.Space[Any] = env.single_action_space
-        self.autoreset_mode: AutoresetMode = env.autoreset_mode
+        super().__init__(env)
         self.carried = 0
         """Rounds that carried on this env's episodes."""
         self._obs: torch.Tensor | None = None
@@ -216,7 +209,7 @@ class ContinuingEnv:
     def close(self) -> None:
         """Close the wrapped env."""
         self._obs = None
-        self.inner.close()
+        super().close()
 
 
 class EnvPool:

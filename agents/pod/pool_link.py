@@ -30,14 +30,13 @@ import math
 import time
 from typing import Any
 
-import gymnasium
 import torch
 
 from agents.base import Agent
 from agents.offpolicy import BoxActions, DiscreteActions, OffPolicyAgent
 from agents.pod.pool import ExperiencePool, PoolReader, PoolRows
 from broker.core.errors import ConfigError
-from envs.base import AutoresetMode, StepResult, VecEnv
+from envs.base import EnvWrapper, StepResult, VecEnv
 
 log = logging.getLogger(__name__)
 
@@ -47,19 +46,13 @@ MAX_INGEST_ROWS = 8_192
 """At most this many pool rows enter a learner per iteration (bounds its cost)."""
 
 
-class RecordingEnv:
+class RecordingEnv(EnvWrapper):
     """A ``VecEnv`` that writes every transition it steps to an ``ExperiencePool``."""
 
     def __init__(self, env: VecEnv, pool: ExperiencePool, writer: int) -> None:
-        self.inner = env
+        super().__init__(env)
         self.pool = pool
         self.writer = writer
-        self.num_envs: int = env.num_envs
-        self.device: torch.device = env.device
-        self.single_observation_space: gymnasium.spaces.Space[Any] = (
-            env.single_observation_space)
-        self.single_action_space: gymnasium.spaces.Space[Any] = env.single_action_space
-        self.autoreset_mode: AutoresetMode = env.autoreset_mode
         self.recorded = 0
         """Transitions written to the pool."""
         self._obs: torch.Tensor | None = None
@@ -83,10 +76,6 @@ class RecordingEnv:
             self.recorded += int(reward.shape[0])
         self._obs = next_obs
         return next_obs, reward, terminated, truncated, info
-
-    def close(self) -> None:
-        """Close the wrapped env."""
-        self.inner.close()
 
 
 def learners_of(agent: Agent) -> list[OffPolicyAgent]:
