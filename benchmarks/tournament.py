@@ -7,10 +7,12 @@ machine). Rows:
   Python API (``default_experiment(env, total_budget=..., seed=..., target_score=...)``,
   ``podracer.train.train``). Pods, round budget, torch threads and algorithms are the
   defaults, whatever they are: this row measures the defaults.
-* ``tournament-nopool``: the same without the shared experience pool (the ablation;
-  ``tournament_runs.POOL_OFF``). Each tournament run also prints the share of training
-  data that came from the pool (``Checkpoint.pool_rows``; a mean over checkpoints): of
-  the best checkpoint's lineage, of every member, and per algorithm (0 without the pool).
+* ``tournament-nopool``: the same without the shared experience pool (the ablation);
+  ``tournament-own50``, ``tournament-own75``: with each member's own share of its replay
+  intake (``pool_own_share``) at 0.5 or 0.75 (``tournament_runs.TOURNAMENTS``). Each
+  tournament run also prints the share of training data that came from the pool
+  (``Checkpoint.pool_rows``; a mean over checkpoints): of the best checkpoint's lineage,
+  of every member, and per algorithm (0 without the pool).
 * ``ppo``, ``sac``, ``td3``: ONE agent with its tuned default hyperparameters, alone on
   the machine, run as the CLI's lone pod runs it (``podracer train --algos sac --pods 1
   --round-budget 290s``): one round for the whole budget, ONE torch thread, the pod's
@@ -96,8 +98,9 @@ import traceback
 from pathlib import Path
 
 from benchmarks import tournament_sb3
-from benchmarks.tournament_report import METHODS, RANDOM, TOURNAMENTS, W, report
+from benchmarks.tournament_report import METHODS, RANDOM, W, report
 from benchmarks.tournament_runs import (
+    TOURNAMENTS,
     RunResult,
     Task,
     in_subprocess,
@@ -135,7 +138,8 @@ def run_one(task: Task, method: str, seed: int, draw: int | None, budget: float
     """One run of ``method`` on ``task`` in a fresh process, scored."""
     if method in TOURNAMENTS:
         out = OUT / task.key / f"{method}-s{seed}"
-        return in_subprocess(run_tournament, task, seed, budget, out, method == "tournament")
+        return in_subprocess(run_tournament, task, seed, budget, out,
+                             overrides=TOURNAMENTS[method], method=method)
     if method in SB3_METHODS:
         return in_subprocess(run_sb3, task, method, seed, budget)
     if method == "best-of-4":

@@ -6,10 +6,9 @@ import dataclasses
 import math
 import statistics
 
-from benchmarks.tournament_runs import RunResult, Task
+from benchmarks.tournament_runs import TOURNAMENTS, RunResult, Task
 from benchmarks.tournament_sb3 import SB3_METHODS
 
-TOURNAMENTS = ("tournament", "tournament-nopool")
 LONE = ("ppo", "sac", "td3")
 RANDOM = tuple(f"{algo}-random" for algo in LONE)
 METHODS = (*TOURNAMENTS, *LONE, *RANDOM, *SB3_METHODS, "best-of-4")

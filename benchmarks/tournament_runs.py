@@ -68,9 +68,16 @@ only to catch a target) and a snapshot evaluation every ``snapshot_every_s`` (60
 intermediate bests a lone ``podracer train`` pod publishes. Evaluating every 20 s on
 HalfCheetah, as this benchmark did, cost 2-3.6 s of 16 episodes each time: 10-15% of
 the training time."""
-POOL_OFF: dict[str, Any] = {"experience_pool": False}
-"""Experiment overrides that switch the shared experience pool off, for the
-``tournament-nopool`` row (the ablation)."""
+TOURNAMENTS: dict[str, Mapping[str, Any]] = {
+    "tournament": {},
+    "tournament-nopool": {"experience_pool": False},
+    "tournament-own50": {"pool_own_share": 0.5},
+    "tournament-own75": {"pool_own_share": 0.75},
+}
+"""The tournament rows: the default ``podracer train``, and the same with one experiment
+override (``Experiment.with_overrides`` keys): without the shared experience pool (the
+ablation), and with each member keeping at least half or three quarters of its replay
+intake its own (``pool_own_share``; the rows keep their meaning whatever the default)."""
 T = TypeVar("T")
 
 
@@ -192,27 +199,25 @@ def pool_shares(entries: list[Entry]) -> dict[str, float]:
             for algo, group in sorted(by_algo.items())}
 
 
-def run_tournament(task: Task, seed: int, budget: float, out: Path, pool: bool = True, *,
+def run_tournament(task: Task, seed: int, budget: float, out: Path, *,
                    overrides: Mapping[str, Any] | None = None, threads: int | None = None,
-                   method: str | None = None) -> RunResult:
-    """The default ``podracer train`` for ``task.env`` in embedded mode, scored; without
-    the experience pool (``POOL_OFF``) when ``pool`` is False (the ablation row).
+                   method: str = "tournament") -> RunResult:
+    """The default ``podracer train`` for ``task.env`` in embedded mode, scored.
 
     ``overrides`` change the default experiment (``Experiment.with_overrides`` keys, e.g.
-    ``{"population.members": 1}``), ``threads`` the torch threads per pod (``--threads``;
-    None: the default), ``method`` the row's name (``benchmarks.lineages``)."""
+    ``{"population.members": 1}``; ``TOURNAMENTS``), ``threads`` the torch threads per pod
+    (``--threads``; None: the default), ``method`` the row's name."""
     logging.basicConfig(level=logging.WARNING)
     exp = default_experiment(task.env, total_budget={"seconds": budget}, seed=seed,
                              target_score=task.target,
-                             **{**({} if pool else POOL_OFF), **(overrides or {})})
+                             **(overrides or {}))
     settings = settings_from_env(experiment=exp, store=out, torch_threads=threads)
     if out.exists():
         shutil.rmtree(out)  # a fresh store: entries of an older run would count
     started_wall, started = time.time(), time.monotonic()
     outcome = train(settings, out, progress=False)
     wall = time.monotonic() - started
-    result = RunResult(task.key, method or ("tournament" if pool else "tournament-nopool"),
-                       seed, wall=wall)
+    result = RunResult(task.key, method, seed, wall=wall)
     if outcome.exit_code != 0:
         result.error = f"train() exited with {outcome.exit_code}"
     with LeaderboardStore(out, create=False) as store:
