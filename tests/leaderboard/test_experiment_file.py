@@ -48,7 +48,7 @@ def test_defaults_of_a_minimal_file() -> None:
     assert exp.target_score is None and exp.total_budget.seconds is None
     assert exp.round_budget.seconds is None
     assert exp.overrides_for("ppo") == {}
-    assert (exp.experience_pool, exp.pool_mib, exp.pool_own_share) == (True, 256, 0.5)
+    assert (exp.experience_pool, exp.pool_mib, exp.pool_own_share) == (True, 256, 0.75)
 
 
 @pytest.mark.parametrize(("data", "message"), [
