@@ -34,23 +34,10 @@ ack, the round redone by another pod) keeps the better of the two agents.
 
 **Would-be bests are measured.** A checkpoint whose claimed score would make it the new
 best (``>=`` the best, so a tie won on an early ``created`` counts too) or meet the
-experiment's target is re-evaluated by the updater; only such candidates, so the cost
-stays small (``reevaluate_all`` measures every one). The measured score is what ranks
-it; the claim is kept beside it (``score_claimed``). A claim far above its measurement
-(``Tolerance``) is refused to the dead-letter queue.
-
-**Measured, not waited for.** The measurement takes seconds (32 HalfCheetah episodes:
-3.9 s on an idle 2-core machine, 6.5-9.9 s with two pods training), and the round's pod
-had nothing to do meanwhile: the generator issues a pod's next round when its checkpoint
-is stored (measured, HalfCheetah, 300 s: 7 measured checkpoints, the pod idle 8.6 s
-after each, 13% of the pods' time). So a candidate that continues a stored parent is
-stored at once, *pending* (``admit``): it ranks where its parent stood, never above the
-best, while its lineage can be continued; ``settle`` then measures it and gives it the
-measured score, or removes it (``ClaimRefused``) if its claim does not hold. A claim
-never ranks: what a pending checkpoint can gain before it is measured is to be
-continued, as every checkpoint below the best is unmeasured. A candidate with no stored
-parent (a fresh lineage's first round) or one meeting the target (it ends the run) is
-measured before it is stored, as before.
+experiment's target is re-evaluated by the updater before it is stored; only such
+candidates, so the cost stays small (``reevaluate_all`` measures every one). The
+measured score is what ranks it; the claim is kept beside it (``score_claimed``). A
+claim far above its measurement (``Tolerance``) is refused to the dead-letter queue.
 """
 
 from __future__ import annotations
@@ -223,43 +210,17 @@ class ClaimCheck:
         existing = self.store.get(checkpoint.id)
         if existing is not None:
             if _same_delivery(existing, checkpoint):
-                return Inserted(existing, False)  # a pending one is settled all the same
+                return Inserted(existing, False)
             return self._rival(checkpoint, existing)
         if checkpoint.id != checkpoint.init_id and self.store.get(checkpoint.init_id) is not None:
             raise ClaimRefused("id", f"round {checkpoint.init_id} is complete; a new "
                                f"intermediate best {checkpoint.id} cannot follow it")
         if not self._candidate(checkpoint):
             return self.store.insert(checkpoint)
-        parent = self._parent(checkpoint)
-        if parent is not None:  # stored now, measured next (``settle``)
-            return self.store.insert(
-                dataclasses.replace(checkpoint, score_mean=parent.score_mean,
-                                    score_std=parent.score_std),
-                claimed=checkpoint.score_mean, pending=True)
         mean, std = self._measured(checkpoint)
         return self.store.insert(
             dataclasses.replace(checkpoint, score_mean=mean, score_std=std),
             claimed=checkpoint.score_mean)
-
-    def settle(self, checkpoint: Checkpoint) -> Entry | None:
-        """Measure ``checkpoint``, stored pending by ``admit``: its row takes the measured
-        score (the entry), or is removed and ``ClaimRefused`` raised when the claim does
-        not hold. None if its row is gone (nothing to settle)."""
-        try:
-            mean, std = self._measured(checkpoint)
-        except ClaimRefused:
-            self.store.discard(checkpoint.id)
-            raise
-        return self.store.settle(checkpoint.id, mean, std)
-
-    def _parent(self, checkpoint: Checkpoint) -> Entry | None:
-        """The stored parent a candidate ranks at until measured, or None when it must be
-        measured first (no stored parent; it meets the target; every one measured)."""
-        target = self.experiment.target_score
-        if self.reevaluate_all or checkpoint.parent_id is None or (
-                target is not None and checkpoint.score_mean >= target):
-            return None
-        return self.store.get(checkpoint.parent_id)
 
     def _candidate(self, checkpoint: Checkpoint) -> bool:
         target = self.experiment.target_score

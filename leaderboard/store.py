@@ -23,11 +23,7 @@ counts) ``reevaluated`` is 1 and ``score_claimed`` keeps what the pod claimed. T
 the publish), so the updater stores checkpoints only of rounds that were issued. A
 store of schema 1 is migrated in place when opened (columns added, old rows count as
 not re-evaluated). Schema 3 adds ``pool_rows`` (``Checkpoint.pool_rows``: transitions
-taken from the experience pool; older rows count 0). Schema 4 adds ``pending``: a
-would-be best stored before the updater measured it (``insert(pending=True)``), so the
-generator can continue its lineage at once; until ``settle`` gives it its measured score
-it ranks where its parent stood (its claim is in ``score_claimed``), and ``discard``
-removes it if the measurement refutes the claim.
+taken from the experience pool; older rows count 0).
 
 Retention (``prune``, called by the updater after each new checkpoint): every row is
 kept, only some blobs (``leaderboard.retention``).
@@ -109,9 +105,6 @@ class Entry:
     """``score_mean`` was measured by the updater (see ``leaderboard.claims``)."""
     pool_rows: int = 0
     """Transitions its training took from the experience pool (``Checkpoint.pool_rows``)."""
-    pending: bool = False
-    """Stored before the updater's measurement: ``score_mean`` is provisional (its
-    parent's), the claim is ``score_claimed`` (``leaderboard.claims``)."""
 
     @property
     def pool_share(self) -> float:
@@ -137,7 +130,7 @@ def _entry(row: sqlite3.Row) -> Entry:
         curve=[(float(a), float(b), int(c)) for a, b, c in json.loads(row["curve"])],
         stored=row["stored"],
         score_claimed=row["score_claimed"], reevaluated=bool(row["reevaluated"]),
-        pool_rows=row["pool_rows"], pending=bool(row["pending"]))
+        pool_rows=row["pool_rows"])
 
 
 class LeaderboardStore:
@@ -215,12 +208,11 @@ class LeaderboardStore:
     # ------------------------------------------------------------------ writing
 
     def insert(self, checkpoint: Checkpoint, *, claimed: float | None = None,
-               replace: bool = False, pending: bool = False) -> Inserted:
+               replace: bool = False) -> Inserted:
         """Store ``checkpoint`` durably; a replay of a stored id changes nothing.
 
         ``claimed`` is the pod's score when ``checkpoint.score_mean`` was measured by the
-        updater, or (``pending``) when it is a provisional rank awaiting that measurement
-        (``settle``); ``replace`` overwrites the row of the same id (a rival result of the
+        updater; ``replace`` overwrites the row of the same id (a rival result of the
         same round that measured better: ``leaderboard.claims``).
         """
         existing = self.get(checkpoint.id)
@@ -247,8 +239,7 @@ class LeaderboardStore:
             "curve": json.dumps([list(p) for p in checkpoint.curve], allow_nan=False),
             "blob_sha256": ref.sha256, "blob_size": ref.size, "stored": time.time(),
             "score_claimed": checkpoint.score_mean if claimed is None else float(claimed),
-            "reevaluated": int(claimed is not None and not pending),
-            "pool_rows": checkpoint.pool_rows, "pending": int(pending),
+            "reevaluated": int(claimed is not None), "pool_rows": checkpoint.pool_rows,
         }
         verb = "INSERT OR REPLACE" if replace else "INSERT OR IGNORE"
         sql = (f"{verb} INTO checkpoints ({', '.join(COLUMNS)}) "
@@ -271,22 +262,6 @@ class LeaderboardStore:
             log.debug("stored checkpoint %s (%s, score %.4g)", entry.id, entry.algorithm,
                       entry.score_mean)
         return Inserted(entry, added)
-
-    def settle(self, checkpoint_id: str, mean: float, std: float) -> Entry | None:
-        """Give the pending entry ``checkpoint_id`` its measured score (it now ranks by
-        it); the entry, or None if no such row is left. An entry no longer pending (a
-        rival result measured and stored meanwhile) is left as it is."""
-        self.write("UPDATE checkpoints SET score_mean = ?, score_std = ?, reevaluated = 1, "
-                   "pending = 0 WHERE id = ? AND pending = 1",
-                   (float(mean), float(std), checkpoint_id))
-        return self.get(checkpoint_id)
-
-    def discard(self, checkpoint_id: str) -> bool:
-        """Remove the pending entry ``checkpoint_id`` (its claim was refuted); whether a
-        row went. Its blob is left to the orphan sweep (``leaderboard.janitor``): a round
-        issued meanwhile may continue it and must still read it."""
-        return self.write("DELETE FROM checkpoints WHERE id = ? AND pending = 1",
-                          (checkpoint_id,)) == 1
 
     def prune(self, retention: Retention) -> Pruned:
         """Delete the blobs that ``retention`` does not keep (``leaderboard.retention``)."""

@@ -2,22 +2,21 @@
 
 Schema 1: the checkpoints and issued tables; 2 added ``score_claimed`` and
 ``reevaluated`` (``leaderboard.claims``); 3 added ``pool_rows``
-(``Checkpoint.pool_rows``); 4 added ``pending`` (a would-be best stored before the
-updater's measurement, ranked where its parent stood until then). A store of an older
-schema is migrated in place when opened, its older rows taking each new column's default.
+(``Checkpoint.pool_rows``). A store of an older schema is migrated in place when opened,
+its older rows taking each new column's default.
 """
 
 from __future__ import annotations
 
 DB_NAME = "leaderboard.sqlite"
 """The SQLite file under the store's root."""
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 3
 """The schema this build writes (``PRAGMA user_version``)."""
 
 COLUMNS = ("id", "parent_id", "experiment", "init_id", "pod", "algorithm", "env", "hparams",
            "score_mean", "score_std", "env_steps", "wall_time", "generation", "created",
            "curve", "blob_sha256", "blob_size", "stored", "score_claimed", "reevaluated",
-           "pool_rows", "pending")
+           "pool_rows")
 """The checkpoints table's columns, in order."""
 
 DDL = """
@@ -42,8 +41,7 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     stored REAL NOT NULL,
     score_claimed REAL,
     reevaluated INTEGER NOT NULL DEFAULT 0,
-    pool_rows INTEGER NOT NULL DEFAULT 0,
-    pending INTEGER NOT NULL DEFAULT 0
+    pool_rows INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS checkpoints_rank ON checkpoints (score_mean DESC, created, id);
 CREATE INDEX IF NOT EXISTS checkpoints_algo_rank
@@ -66,7 +64,6 @@ MIGRATIONS = {
     1: ("ALTER TABLE checkpoints ADD COLUMN score_claimed REAL",
         "ALTER TABLE checkpoints ADD COLUMN reevaluated INTEGER NOT NULL DEFAULT 0"),
     2: ("ALTER TABLE checkpoints ADD COLUMN pool_rows INTEGER NOT NULL DEFAULT 0",),
-    3: ("ALTER TABLE checkpoints ADD COLUMN pending INTEGER NOT NULL DEFAULT 0",),
 }
 """Schema N -> the statements that take a store of schema N to N + 1."""
 

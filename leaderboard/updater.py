@@ -8,14 +8,10 @@ For every ``Checkpoint`` on the ``updater`` queue it
    experiment's recorded spaces, no env built), and every floating tensor is finite;
 2. checks its claims and stores it (``leaderboard.claims``: only rounds the generator
    issued, once; a would-be best or target is re-evaluated with the updater's own
-   evaluator, every checkpoint with ``--reevaluate``; ``LeaderboardStore.insert``:
+   evaluator first, every checkpoint with ``--reevaluate``; ``LeaderboardStore.insert``:
    blob, then the SQLite row; idempotent by id)
    and prunes the blobs the retention policy no longer keeps (``LeaderboardStore.prune``);
-3. a would-be best that continues a stored parent is stored *pending* first (ranked
-   where its parent stood) and announced, so the generator gives its pod the next round
-   while the updater measures it; then it takes its measured score, or is removed and
-   dead-lettered when its claim does not hold;
-4. acks only after that commit (a pending checkpoint: after its measurement);
+4. acks only after that commit;
 5. publishes ``leaderboard.changed`` with the top-K, the number of checkpoints and the
    env steps they cost (the orchestrator's stop condition reads them).
 
@@ -71,7 +67,7 @@ from envs.spaces import spaces_of
 from leaderboard.claims import ClaimCheck
 from leaderboard.contract import StateContract
 from leaderboard.janitor import SWEEP_EVERY_S, release_refused, sweep_orphans
-from leaderboard.store import Entry, Inserted, LeaderboardStore, Retention
+from leaderboard.store import LeaderboardStore, Retention
 
 log = logging.getLogger(__name__)
 
@@ -209,58 +205,31 @@ class Updater:
         if env is not None:
             env.close()
 
-    def _accept(self, checkpoint: Checkpoint) -> Inserted | None:
-        """The checkpoint stored (``new`` False: a replay), None if it is a replay of a
-        settled one."""
+    def _accept(self, checkpoint: Checkpoint) -> tuple[float | None, LeaderboardChanged | None]:
+        """The stored (ranked) score, None for a replay; and the leaderboard's news."""
         if checkpoint.algorithm not in self.experiment.algos:
             # ranked, it would become a parent whose rounds no pod may build
             raise ConfigError("algorithm", f"{checkpoint.algorithm[:100]!r} is not in this "
                               f"experiment's mix ({', '.join(sorted(self.experiment.algos))})")
         self.validator.check(checkpoint)
         inserted = self.claims.admit(checkpoint)
-        if not inserted.new and not inserted.entry.pending:
-            return None
-        if inserted.new:
-            try:
-                self.store.prune(self.retention)  # disk stays flat: see leaderboard.store
-            except PodracerError as exc:  # stored already: pruning waits for the next one
-                log.warning("retention skipped: %s", exc)
-        return inserted
-
-    def _news(self) -> LeaderboardChanged:
+        if not inserted.new:
+            return None, None
+        try:
+            self.store.prune(self.retention)  # disk stays flat: see leaderboard.store
+        except PodracerError as exc:  # stored already: pruning waits for the next one
+            log.warning("retention skipped: %s", exc)
         top = self.store.top(self.experiment.top_k)
-        return LeaderboardChanged(
+        return inserted.entry.score_mean, LeaderboardChanged(
             experiment=self.experiment.name, best_id=top[0].id, best_score=top[0].score_mean,
             top=[(e.id, e.score_mean) for e in top], checkpoints=self.store.count(),
             total_env_steps=self.store.total_env_steps())
-
-    async def _announce(self) -> LeaderboardChanged | None:
-        """Publish ``leaderboard.changed`` (the generator issues the next rounds on it);
-        the news sent, None if it was not (the next one carries it)."""
-        try:
-            changed = await asyncio.to_thread(self._news)
-            await self.transport.publish_event("leaderboard.changed", changed)
-        except PodracerError as exc:  # the broker or the store away: the news, not the row
-            log.warning("leaderboard.changed not sent: %s", exc)
-            return None
-        return changed
-
-    async def _store(self, checkpoint: Checkpoint) -> Entry | None:
-        """Admit ``checkpoint``; a pending one (``leaderboard.claims``) is announced at
-        once, so the generator can continue its lineage, then measured. The entry stored,
-        None for a replay."""
-        inserted = await asyncio.to_thread(self._accept, checkpoint)
-        if inserted is None or not inserted.entry.pending:
-            return None if inserted is None else inserted.entry
-        if inserted.new:
-            await self._announce()
-        return await asyncio.to_thread(self.claims.settle, checkpoint)
 
     async def handle(self, delivery: Delivery[Checkpoint]) -> None:
         """Validate, store, ack, announce (see the module doc)."""
         checkpoint = delivery.message
         try:
-            entry = await self._store(checkpoint)
+            score, changed = await asyncio.to_thread(self._accept, checkpoint)
         except Exception as exc:
             # What no row of the table knows is the message itself: hyperparameters whose
             # reference agent cannot be built, integers SQLite cannot hold... Poison.
@@ -273,16 +242,20 @@ class Updater:
             await asyncio.to_thread(release_refused, self.store, checkpoint)
             return
         await delivery.ack()
-        if entry is None:
+        if score is None:
             log.info("checkpoint %s was already stored (redelivery)", checkpoint.id[:8])
             return
         self.stored += 1
-        changed = await self._announce()
         # the stored score: the updater's own measurement when it re-evaluated the claim
         log.info("stored %s from %s: %s score %.2f (best %.2f, %d in store)",
                  checkpoint.id[:8], checkpoint.pod, checkpoint.algorithm,
-                 entry.score_mean, changed.best_score if changed else float("nan"),
+                 score, changed.best_score if changed else float("nan"),
                  changed.checkpoints if changed else -1)
+        if changed is not None:
+            try:
+                await self.transport.publish_event("leaderboard.changed", changed)
+            except BrokerError as exc:
+                log.warning("leaderboard.changed not sent: %s", exc)
 
     async def settle(self, delivery: Delivery[Checkpoint]) -> bool:
         """``handle`` the delivery, retrying in place while the store fails (module doc).

@@ -85,8 +85,6 @@ def format_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def _score(entry: Entry) -> str:
-    if entry.pending:  # ranked at its parent's score until the updater measures it
-        return f"pending (claims {entry.score_claimed:.2f})"
     return f"{entry.score_mean:.2f} ± {entry.score_std:.2f}"
 
 

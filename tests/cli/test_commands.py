@@ -10,8 +10,6 @@ import pytest
 import torch
 
 from broker.core import codec
-from broker.core.schemas import Checkpoint
-from leaderboard.store import LeaderboardStore
 from podracer.cli import main
 from tests.cli.cli_store import ENV, ROWS, build_store
 
@@ -114,21 +112,3 @@ def test_evaluate_on_an_env_with_other_spaces_names_env(store_root: Path, capsys
     assert main(["evaluate", "--store", str(store_root), "--env", "torch/CartPole-v1",
                  "--episodes", "2"]) == 2
     assert "--env: torch/CartPole-v1 acts in Discrete(2)" in capsys.readouterr().err
-
-
-def test_leaderboard_marks_a_checkpoint_awaiting_the_updaters_measurement(
-    tmp_path: Path, capsys: Any,
-) -> None:
-    with LeaderboardStore(tmp_path) as store:
-        for i, (cid, score, pending) in enumerate((("parent", -300.0, False),
-                                                   ("child", -300.0, True))):
-            store.insert(Checkpoint(
-                id=cid, experiment="clitest", init_id=cid, pod="pod-1", algorithm="ppo",
-                env=ENV, hparams={}, state={"w": torch.zeros(1)}, score_mean=score,
-                score_std=1.0, env_steps=10, wall_time=1.0, created=1000.0 + i,
-                parent_id="parent" if pending else None, generation=int(pending)),
-                claimed=-120.0 if pending else None, pending=pending)
-    assert main(["leaderboard", "--store", str(tmp_path)]) == 0
-    rows = _rows(capsys.readouterr().out)
-    assert [(r[1], r[3]) for r in rows] == [("parent", "-300.00 ± 1.00"),
-                                            ("child", "pending (claims -120.00)")]

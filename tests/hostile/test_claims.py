@@ -77,50 +77,6 @@ async def test_a_forged_top_score_never_becomes_the_best_nor_stops_the_run(
     assert any(ghost.id in line and "never issued" in line for line in lines)
 
 
-async def test_a_would_be_best_is_announced_pending_and_ranks_only_once_measured(
-    rig: Rig, tmp_path: Path, wire: Any, caplog: pytest.LogCaptureFixture,
-) -> None:
-    """Its pod is not kept waiting for the measurement: a would-be best continuing a
-    stored parent is stored and announced first, ranked at its parent's score; then a
-    forged one is removed and dead-lettered, an honest one ranks by its measurement."""
-    exp = default_experiment(ENV).with_overrides(
-        name=rig.experiment, eval_episodes=2, hparams={"ppo": PPO}, algos={"ppo": 1})
-    settings = Settings(experiment=exp, broker=rig.url, store=tmp_path, device="cpu",
-                        torch_threads=1)
-    ctx = ServiceContext(settings, "updater-pending")
-    state = ppo_state()
-    parent = checkpoint(rig.experiment, state, score_mean=-3000.0, created=1000.0)
-    with LeaderboardStore(tmp_path) as store:
-        issue_for(store, parent)
-        store.insert(parent)
-    child = {"parent_id": parent.id, "generation": 1}
-    forged = checkpoint(rig.experiment, state, score_mean=1e9, pod="forger", **child)
-    honest = checkpoint(rig.experiment, state, score_mean=-2900.0, **child)
-    for issued in (forged, honest):
-        issue_for(tmp_path, issued)
-    with caplog.at_level(logging.WARNING):
-        async with rig.transport.subscribe(["leaderboard.changed"]) as events:
-            task = _start(ctx, rig, wire)
-            await rig.transport.publish("updater", forged)
-            pending = await alive_until(anext(events), task)
-            assert pending.best_id == parent.id  # announced before its measurement
-            ranked = [tuple(t) for t in pending.top]
-            assert ranked == [(parent.id, -3000.0), (forged.id, -3000.0)]
-            assert await depth(rig, "updater.dead", 1) == 1
-            await rig.transport.publish("updater", honest)
-            assert (await alive_until(anext(events), task)).best_id == parent.id
-            measured = await alive_until(anext(events), task)
-            assert measured.best_id == honest.id and measured.best_score > -3000.0
-            assert await stop(ctx, task) == 0
-    with LeaderboardStore(tmp_path) as store:
-        assert store.get(forged.id) is None and store.count() == 2
-        best = store.best()
-        assert best is not None and best.id == honest.id and not best.pending
-        assert best.reevaluated and best.score_claimed == -2900.0
-    assert any(forged.id in r.getMessage() and "claimed 1e+09, measured" in r.getMessage()
-               for r in caplog.records)
-
-
 def _start(ctx: ServiceContext[Settings], rig: Rig, wire: Any) -> asyncio.Task[Any]:
     connect = connector(rig.url, rig.hub or MemoryBroker())
     return asyncio.create_task(wire(updater_service.main, connect)(ctx))

@@ -103,51 +103,6 @@ def test_only_would_be_bests_are_measured(store: LeaderboardStore) -> None:
     assert evaluator.calls == 2 and tie.score_mean == -600.0  # a tie could win on `created`
 
 
-def test_a_would_be_best_continuing_a_stored_parent_is_stored_pending_then_measured(
-    store: LeaderboardStore,
-) -> None:
-    """Stored at once, so the generator can give its pod the next round, ranked where its
-    parent stood (never above the best) until the updater's measurement settles it."""
-    claims, evaluator = check(store)
-    claims.admit(result(issue(store, "best"), -200.0, -200.0))
-    claims.admit(result(issue(store, "a"), -500.0, -500.0, pod="pod-2"))  # below: as claimed
-    child = result(issue(store, "b", parent_id="a", generation=1), -140.0, -150.0)
-    inserted = claims.admit(child)
-    assert inserted.new and inserted.entry.pending and evaluator.calls == 1
-    assert (inserted.entry.score_mean, inserted.entry.score_claimed) == (-500.0, -140.0)
-    assert store.best().id == "best"  # type: ignore[union-attr]
-    again = claims.admit(child)  # a redelivery while pending: still to be settled
-    assert not again.new and again.entry.pending
-    settled = claims.settle(child)
-    assert settled is not None and not settled.pending and settled.reevaluated
-    assert (settled.score_mean, settled.score_claimed) == (-150.0, -140.0)
-    assert store.best().id == "b" and evaluator.calls == 2  # type: ignore[union-attr]
-
-
-def test_a_pending_forged_claim_is_removed_when_measured(store: LeaderboardStore) -> None:
-    claims, _ = check(store)
-    claims.admit(result(issue(store, "a"), -500.0, -500.0))
-    # a claim at the target would be measured first: this one claims just below it
-    forged = result(issue(store, "f", parent_id="a", generation=1), -101.0, -1300.0)
-    assert claims.admit(forged).entry.score_mean == -500.0  # ranked as its parent, no higher
-    assert [e.id for e in store.top(2)] == ["a", "f"]
-    with pytest.raises(ClaimRefused, match=r"score_mean: claimed -101, measured -1300"):
-        claims.settle(forged)
-    assert store.get("f") is None and store.count() == 1 and store.best().id == "a"  # type: ignore[union-attr]
-
-
-def test_a_target_claim_or_a_fresh_lineage_is_measured_before_it_is_stored(
-    store: LeaderboardStore,
-) -> None:
-    claims, evaluator = check(store)
-    claims.admit(result(issue(store, "a"), -500.0, -500.0))
-    fresh = claims.admit(result(issue(store, "b"), -300.0, -310.0)).entry  # no parent
-    target = claims.admit(result(issue(store, "c", parent_id="b", generation=1),
-                                 -90.0, -95.0)).entry  # meets the target (-100)
-    assert evaluator.calls == 3 and not fresh.pending and not target.pending
-    assert (fresh.score_mean, target.score_mean) == (-310.0, -95.0)
-
-
 def test_a_round_that_was_never_issued_is_refused(store: LeaderboardStore) -> None:
     claims, _ = check(store)
     ghost = Initialization(id="ghost", experiment=EXP.name, algorithm="ppo", env=EXP.env,
