@@ -42,8 +42,6 @@ from envs.base import EnvWrapper, StepResult, VecEnv
 
 log = logging.getLogger(__name__)
 
-DEFAULT_OWN_SHARE = DEFAULT_POOL_OWN_SHARE
-"""Default ``pool_own_share`` (see the module doc; measured: ``broker.core.experiment``)."""
 MAX_INGEST_ROWS = 8_192
 """At most this many pool rows enter a learner per iteration (bounds its cost)."""
 
@@ -114,7 +112,7 @@ class PoolLink:
     """One round's link between its agent, its recording envs and the pool."""
 
     def __init__(self, pool: ExperiencePool, agent: Agent, envs: list[RecordingEnv],
-                 own_share: float = DEFAULT_OWN_SHARE) -> None:
+                 own_share: float = DEFAULT_POOL_OWN_SHARE) -> None:
         if not 0.0 < own_share <= 1.0:
             raise ConfigError("pool_own_share", f"must be in (0, 1], got {own_share}",
                               "e.g. 0.5: half of what enters a buffer is the member's own")

@@ -36,10 +36,11 @@ from agents.build import Resolved
 from agents.pod.continuity import ContinuingEnv, EnvPool, Rows, fit_rows, replay_rows
 from agents.pod.learners import LearnerGroup, build_learners
 from agents.pod.pool import ExperiencePool
-from agents.pod.pool_link import DEFAULT_OWN_SHARE, link_agent, record_envs, unwrap
+from agents.pod.pool_link import link_agent, record_envs, unwrap
 from agents.pod.round import Progress, RoundResult, train_round
 from agents.replay import ReplayBuffer
 from broker.core.errors import EnvUnavailable
+from broker.core.experiment import DEFAULT_POOL_OWN_SHARE
 from broker.core.schemas import Budget
 from broker.runtime.faults import Fault, Faulted, Verdict, fault_of, judge, one_line
 from envs.base import VecEnv
@@ -99,7 +100,7 @@ class RunnerConfig:
     pool: ExperiencePool | None = None
     """The node's experience pool (``agents.pod.pool``; shared memory, so it reaches a
     process worker when it starts); ``None``: the pod learns from its own data only."""
-    pool_own_share: float = DEFAULT_OWN_SHARE
+    pool_own_share: float = DEFAULT_POOL_OWN_SHARE
     """Least share of a learner's new data that is its own (``agents.pod.pool_link``)."""
     seeded_eval: bool = False
     """Evaluate on episodes seeded from the round's seed (reproducible mode): the same
