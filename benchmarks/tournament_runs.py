@@ -73,11 +73,15 @@ TOURNAMENTS: dict[str, Mapping[str, Any]] = {
     "tournament-nopool": {"experience_pool": False},
     "tournament-own50": {"pool_own_share": 0.5},
     "tournament-own75": {"pool_own_share": 0.75},
+    "tournament-keepleader": {"population.keeper": "leader"},
+    "tournament-keepbest": {"population.keeper": "best"},
 }
 """The tournament rows: the default ``podracer train``, and the same with one experiment
 override (``Experiment.with_overrides`` keys): without the shared experience pool (the
 ablation), and with each member keeping at least half or three quarters of its replay
-intake its own (``pool_own_share``; the rows keep their meaning whatever the default)."""
+intake its own (``pool_own_share``), and with the leader's pod kept by the leader at
+equal training or by the best checkpoint's algorithm (``population.keeper``); the rows
+keep their meaning whatever the default)."""
 T = TypeVar("T")
 
 

@@ -89,11 +89,13 @@ def population_config(experiment: Experiment, pods: int) -> PopulationConfig:
         steps = experiment.round_budget.steps or 0
         return PopulationConfig(members=spec.members or max(1, pods),
                                 ready_s=float(READY_ROUNDS * steps), by_steps=True,
-                                min_share=spec.min_share, explore_p=experiment.explore_p,
+                                min_share=spec.min_share, keeper=spec.keeper,
+                                explore_p=experiment.explore_p,
                                 episodes=experiment.eval_episodes)
     return PopulationConfig(members=spec.members or max(1, pods),
                             ready_s=spec.ready_s or READY_ROUNDS * round_seconds(experiment),
-                            min_share=spec.min_share, explore_p=experiment.explore_p,
+                            min_share=spec.min_share, keeper=spec.keeper,
+                            explore_p=experiment.explore_p,
                             episodes=experiment.eval_episodes)
 
 

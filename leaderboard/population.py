@@ -107,6 +107,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from broker.core.errors import ConfigError
+from broker.core.experiment_specs import KEEPERS
 from leaderboard.curves import Curve, cost, exploring, leader, pairs, shares, slope
 from leaderboard.selection import SelectionStrategy, ranked, significantly_better
 from leaderboard.store import Entry, LeaderboardStore
@@ -146,6 +147,9 @@ class PopulationConfig:
     """Floor of the rounds every algorithm keeps once measured (times its mix weight
     relative to the others) while the shares decide every round (one pod); the rest goes
     to the leader (module doc)."""
+    keeper: str = "leader"
+    """Whose best lineage keeps a pod of its own: the ``leader`` at equal training, or the
+    algorithm of the ``best`` checkpoint (``broker.core.experiment_specs.PopulationSpec``)."""
     explore_p: float = 0.0
     """Probability that a round starts a fresh lineage with sampled hyperparameters."""
     window: int = 4
@@ -166,6 +170,9 @@ class PopulationConfig:
             raise ConfigError("population.ready_s", f"must be >= 0, got {self.ready_s}")
         if not 0.0 <= self.min_share <= 1.0:
             raise ConfigError("population.min_share", f"must be in [0, 1], got {self.min_share}")
+        if self.keeper not in KEEPERS:
+            raise ConfigError("population.keeper", f"unknown keeper {self.keeper!r}",
+                              f"use one of {', '.join(KEEPERS)}")
         if not 0.0 <= self.explore_p <= 1.0:
             raise ConfigError("explore_p", f"must be in [0, 1], got {self.explore_p}")
         if self.window < 2:
@@ -350,15 +357,13 @@ class Planner:
         first = leader(measured, cfg.episodes, tally)
         shared_pods = first is not None and len(measured) == len(self.mix) > 1 \
             and bool(self._issued)
-        # a leader on evidence: it beats another at equal training (``beats``); with
-        # none, the round robin
-        if shared_pods and first is not None and tally[first][0] > 0 \
-                and not any(r.plan.keeper for r in self._issued.values()):
+        keeps = self._kept(first, tally) if shared_pods else None
+        if keeps is not None and not any(r.plan.keeper for r in self._issued.values()):
             # a new leader whose head is busy takes the pod next time; until then the
             # incumbent's lineage goes on there (measured: the pod went to the round
             # robin, and the incumbent's best lineage, at 3720, had no round in the last
             # 60 s)
-            keeper = self._keeper(first)
+            keeper = self._keeper(keeps)
             if keeper is None and self.incumbent is not None:
                 keeper = self._keeper(self.incumbent)
             if keeper is not None:
@@ -396,6 +401,15 @@ class Planner:
                             "replace a lineage that is behind and not improving")
             return Plan(algorithm, head, False, "continue")
         return Plan(algorithm, self._pick(kept), True, "branch (every lineage busy)")
+
+    def _kept(self, first: str | None, tally: Mapping[str, tuple[int, int]]) -> str | None:
+        """The algorithm whose best lineage keeps the leader's pod: the leader ``first``
+        when it leads on evidence (it beats another at equal training; with none, the
+        round robin), or the best checkpoint's (``PopulationConfig.keeper``)."""
+        if self.config.keeper == "best":
+            top = self.store.top(1)
+            return top[0].algorithm if top else None
+        return first if first is not None and tally[first][0] > 0 else None
 
     def _second_round(self, curves: Mapping[str, Curve | None]) -> Plan | None:
         """The second round of an algorithm's first lineage, once its first is back and

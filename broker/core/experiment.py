@@ -18,6 +18,7 @@ from typing import Any
 
 from broker.core.errors import ConfigError
 from broker.core.experiment_specs import (
+    KEEPERS,
     MutationConfig,
     PopulationSpec,
     SelectionSpec,
@@ -233,7 +234,11 @@ def _population(table: Table) -> PopulationSpec:
     spec = PopulationSpec(
         members=table.required_integer("members", 0, 0),
         ready_s=table.required_number("ready_s", 0.0, 0.0, math.inf),
-        min_share=table.required_number("min_share", 0.15, 0.0, 1.0))
+        min_share=table.required_number("min_share", 0.15, 0.0, 1.0),
+        keeper=table.string("keeper", "leader"))
+    if spec.keeper not in KEEPERS:
+        raise ConfigError("population.keeper", f"unknown keeper {spec.keeper!r}",
+                          f"use one of {', '.join(KEEPERS)}")
     table.finish()
     return spec
 

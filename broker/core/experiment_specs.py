@@ -68,8 +68,14 @@ class PopulationSpec:
     the leader (with more pods the leader keeps one and the others follow the mix, an
     algorithm behind every other at equal training at this floor:
     ``leaderboard.population``)."""
+    keeper: str = "leader"
+    """Whose best lineage keeps a pod of its own once every algorithm is measured (more
+    than one pod): ``leader``, the algorithm that leads at equal training; ``best``, the
+    algorithm of the best checkpoint (``leaderboard.population``)."""
 
 
+KEEPERS = ("leader", "best")
+"""The values of ``PopulationSpec.keeper``."""
 MIN_ROUND_S = 10.0
 MAX_ROUND_S = 120.0
 ROUNDS_PER_BUDGET = 15

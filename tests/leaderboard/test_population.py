@@ -531,3 +531,24 @@ def test_a_new_leader_whose_head_is_busy_leaves_the_pod_to_the_incumbent(
     held = planner.next()
     assert held.keeper and held.algorithm == "sac" and held.parent is not None \
         and held.parent.id == "sac2"
+
+
+@pytest.mark.parametrize(("keeper", "kept"), [("leader", "td3"), ("best", "sac")])
+def test_the_leaders_pod_goes_to_the_leader_or_to_the_best_checkpoint(
+        store: LeaderboardStore, keeper: str, kept: str) -> None:
+    # td3 reached 2000 in 40 s, sac 3000 in 200 s: td3 leads at equal training, sac holds
+    # the best checkpoint
+    _put(store, "s0", "sac", 1000.0, wall=100.0)
+    _put(store, "s1", "sac", 3000.0, parent="s0", wall=100.0)
+    _put(store, "t0", "td3", 500.0)
+    _put(store, "t1", "td3", 2000.0, parent="t0")
+    planner = _planner(store, {"sac": 1.0, "td3": 1.0}, members=2, keeper=keeper)
+    planner.issued("x", Plan("sac", None, False, "test"))  # the other pod is busy
+    plan = planner.next()
+    assert plan.keeper and plan.algorithm == kept and plan.parent is not None \
+        and plan.parent.id == {"sac": "s1", "td3": "t1"}[kept]
+
+
+def test_an_unknown_keeper_names_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"population\.keeper"):
+        PopulationConfig(keeper="fastest")
