@@ -68,10 +68,10 @@ class PopulationSpec:
     the leader (with more pods the leader keeps one and the others follow the mix, an
     algorithm behind every other at equal training at this floor:
     ``leaderboard.population``)."""
-    keeper: str = "leader"
+    keeper: str = "best"
     """Whose best lineage keeps a pod of its own once every algorithm is measured (more
-    than one pod): ``leader``, the algorithm that leads at equal training; ``best``, the
-    algorithm of the best checkpoint (``leaderboard.population``)."""
+    than one pod): ``best``, the algorithm of the best checkpoint; ``leader``, the
+    algorithm that leads at equal training (``leaderboard.population``)."""
 
 
 KEEPERS = ("leader", "best")

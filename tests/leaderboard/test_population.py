@@ -367,8 +367,8 @@ def test_the_leaders_best_lineage_keeps_a_pod_of_its_own(store: LeaderboardStore
     for k in range(10):
         waiting.issued(f"w{k}", Plan("sac", None, False, "test"))
     assert waiting.next().algorithm == "ddpg"
-    # a lead within the noise of every pair is no lead: no pod is kept
-    even = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=2)
+    # by the leader: a lead within the noise of every pair is no lead, no pod is kept
+    even = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=2, keeper="leader")
     even.issued("e", Plan("ppo", None, False, "test"))
     assert not even.next().keeper
 
