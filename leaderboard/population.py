@@ -114,7 +114,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from broker.core.errors import ConfigError
-from broker.core.experiment_specs import KEEPERS
+from broker.core.experiment_specs import KEEPERS, check_keeper
 from leaderboard.curves import Curve, cost, exploring, leader, pairs, shares, slope
 from leaderboard.selection import SelectionStrategy, ranked, significantly_better
 from leaderboard.store import Entry, LeaderboardStore
@@ -154,7 +154,7 @@ class PopulationConfig:
     """Floor of the rounds every algorithm keeps once measured (times its mix weight
     relative to the others) while the shares decide every round (one pod); the rest goes
     to the leader (module doc)."""
-    keeper: str = "best"
+    keeper: str = KEEPERS[0]
     """Whose best lineage keeps a pod of its own: the algorithm of the ``best``
     checkpoint, or the ``leader`` at equal training
     (``broker.core.experiment_specs.PopulationSpec``)."""
@@ -178,9 +178,7 @@ class PopulationConfig:
             raise ConfigError("population.ready_s", f"must be >= 0, got {self.ready_s}")
         if not 0.0 <= self.min_share <= 1.0:
             raise ConfigError("population.min_share", f"must be in [0, 1], got {self.min_share}")
-        if self.keeper not in KEEPERS:
-            raise ConfigError("population.keeper", f"unknown keeper {self.keeper!r}",
-                              f"use one of {', '.join(KEEPERS)}")
+        check_keeper(self.keeper)
         if not 0.0 <= self.explore_p <= 1.0:
             raise ConfigError("explore_p", f"must be in [0, 1], got {self.explore_p}")
         if self.window < 2:

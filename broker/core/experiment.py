@@ -23,6 +23,7 @@ from broker.core.experiment_specs import (
     PopulationSpec,
     SelectionSpec,
     TotalBudget,
+    check_keeper,
     default_round_budget,
 )
 from broker.core.schemas import Budget, Scalar
@@ -235,10 +236,8 @@ def _population(table: Table) -> PopulationSpec:
         members=table.required_integer("members", 0, 0),
         ready_s=table.required_number("ready_s", 0.0, 0.0, math.inf),
         min_share=table.required_number("min_share", 0.15, 0.0, 1.0),
-        keeper=table.string("keeper", "best"))
-    if spec.keeper not in KEEPERS:
-        raise ConfigError("population.keeper", f"unknown keeper {spec.keeper!r}",
-                          f"use one of {', '.join(KEEPERS)}")
+        keeper=table.string("keeper", KEEPERS[0]))
+    check_keeper(spec.keeper)
     table.finish()
     return spec
 

@@ -54,6 +54,17 @@ class SelectionSpec:
     strategy's defaults, e.g. ``size = 3``); read-only."""
 
 
+KEEPERS = ("best", "leader")
+"""The values of ``PopulationSpec.keeper``, the default first."""
+
+
+def check_keeper(keeper: str) -> None:
+    """Refuse a ``population.keeper`` that is not one of ``KEEPERS``."""
+    if keeper not in KEEPERS:
+        raise ConfigError("population.keeper", f"unknown keeper {keeper!r}",
+                          f"use one of {', '.join(KEEPERS)}")
+
+
 @dataclasses.dataclass(frozen=True)
 class PopulationSpec:
     """How the generator shares rounds between algorithms and lineages
@@ -68,14 +79,12 @@ class PopulationSpec:
     the leader (with more pods the leader keeps one and the others follow the mix, an
     algorithm behind every other at equal training at this floor:
     ``leaderboard.population``)."""
-    keeper: str = "best"
+    keeper: str = KEEPERS[0]
     """Whose best lineage keeps a pod of its own once every algorithm is measured (more
     than one pod): ``best``, the algorithm of the best checkpoint; ``leader``, the
     algorithm that leads at equal training (``leaderboard.population``)."""
 
 
-KEEPERS = ("leader", "best")
-"""The values of ``PopulationSpec.keeper``."""
 MIN_ROUND_S = 10.0
 MAX_ROUND_S = 120.0
 ROUNDS_PER_BUDGET = 15
