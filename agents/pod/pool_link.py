@@ -8,7 +8,13 @@
 * ``PoolLink`` is one round's link, made by the runner once the agent is built:
 
   - a member whose buffer is empty (fresh, or a child whose lineage's rows live in
-    another process) starts from the pool's newest rows;
+    another process) starts from the pool's newest rows, at most ``1 - own_share`` of
+    its buffer's capacity (``warm_limit``: the share of others' rows its buffer holds
+    in the steady state). A buffer filled to capacity with others' rows learns, for its
+    first minutes, the critic of other policies' state distribution and none of its
+    own: measured on Hopper-v5 (seed 0), a fresh TD3 started from 300k rows, most of
+    them PPO's, scored 4.9 in three rounds running (it fell at once), where without the
+    pool it scored 599, 419 and 367;
   - after every iteration (``sync``), each off-policy learner of a compatible action
     space takes the rows others wrote since its cursor via ``add_transitions``, at most
     ``own_share``-bounded: ``own_rows * (1 - own_share) / own_share`` per iteration, so
@@ -108,6 +114,11 @@ def _add(agent: OffPolicyAgent, rows: PoolRows) -> int:
     return len(rows)
 
 
+def warm_limit(capacity: int, own_share: float) -> int:
+    """Pool rows an empty buffer of ``capacity`` starts from (module doc)."""
+    return math.floor(capacity * (1.0 - own_share))
+
+
 class PoolLink:
     """One round's link between its agent, its recording envs and the pool."""
 
@@ -127,7 +138,8 @@ class PoolLink:
         """Rows the round started from (an empty buffer filled from the pool)."""
         for learner in self.learners:
             if len(learner.buffer) == 0 and len(pool) > 0:
-                self.warm_rows += _add(learner, pool.newest(learner.buffer.capacity))
+                self.warm_rows += _add(learner, pool.newest(
+                    warm_limit(learner.buffer.capacity, own_share)))
         if self.warm_rows:
             log.info("round starts from %d pool rows", self.warm_rows)
         self._recorded = 0

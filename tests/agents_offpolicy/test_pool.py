@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from agents.pod.pool import ExperiencePool, PoolReader, node_pool, row_bytes
-from agents.pod.pool_link import PoolLink, RecordingEnv, to_agent_scale
+from agents.pod.pool_link import PoolLink, RecordingEnv, to_agent_scale, warm_limit
 from agents.ppo import PPOAgent, PPOConfig
 from agents.sac import SACAgent, SACConfig
 from broker.core.errors import ConfigError
@@ -163,3 +163,18 @@ def test_actions_map_to_each_consumer_scale() -> None:
     scaled = to_agent_scale(agent, torch.tensor([[-2.0], [0.0], [2.0], [3.0]]))
     assert scaled is not None and scaled[:, 0].tolist() == [-1.0, 0.0, 1.0, 1.0]
 
+
+
+def test_a_fresh_member_starts_from_at_most_the_others_share_of_its_buffer() -> None:
+    pool = _pool(1000)
+    _write(pool, 0, 600, writer=9)
+    config = SACConfig(num_envs=4, buffer_size=500, learning_starts=8, batch_size=8)
+    agent = SACAgent(OBS, ACT, config, torch.device("cpu"), seed=0)
+    env = ScriptedEnv(4)
+    env.single_action_space = ACT
+    recording = RecordingEnv(env, pool, writer=pool.new_writer())
+    link = PoolLink(pool, agent, [recording], own_share=0.75)
+    # a quarter of 500 rows, the newest: room for three times as many of its own
+    assert warm_limit(500, 0.75) == 125
+    assert link.warm_rows == 125 and len(agent.buffer) == 125
+    assert torch.allclose(agent.buffer.action[:125, 0], torch.arange(475, 600) / 2000)

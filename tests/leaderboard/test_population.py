@@ -438,6 +438,20 @@ def test_the_leaders_pod_returns_a_fallen_lineage_to_its_best_checkpoint(
     assert not plan.mutate  # its own hyperparameters: a second try from its best
 
 
+def test_the_leaders_pod_goes_on_from_a_small_significant_dip_on_a_plateau(
+        store: LeaderboardStore) -> None:
+    # Hopper, measured: SAC went 275, 299, 242, 293 (its episodes all fall at the same
+    # step, so 293 against 299 is significant), and the keeper went back to the 299,
+    # throwing 40 s of training away, twice
+    _curve(store, "ppo", [100.0, 110.0])
+    _curve(store, "sac", [274.7, 299.3, 242.4, 292.8])  # episode std 1
+    planner = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=2)
+    planner.issued("p", Plan("ppo", None, False, "test"))
+    plan = planner.next()
+    assert plan.keeper and plan.parent is not None and plan.parent.id == "sac3"
+    assert plan.reason == "continue the leader's best lineage"
+
+
 def test_the_leaders_pod_goes_on_from_a_dip_of_a_rising_lineage(
         store: LeaderboardStore) -> None:
     _curve(store, "ppo", [100.0, 110.0])
