@@ -138,7 +138,7 @@ RETURN_DROP = 0.25
 magnitude, that counts as a collapse (``RETURN``). Significance alone is not enough:
 Hopper's early episodes all fall at the same step, so a 6-point dip on a plateau of 300
 is significant. Measured (Hopper, seed 1): SAC's lineage went 299, 242, 293, and the
-keeper returned to the 299 twice, throwing away 40 s of training each time; its
+keeper returned to the 299 twice, throwing away 40 s and then 60 s of training; its
 collapses were 2119 to 1567 and below."""
 KEEPER_ROUNDS = 3
 """A keeper's round is this many rounds long (``leaderboard.generator``). Measured on

@@ -164,7 +164,6 @@ def test_actions_map_to_each_consumer_scale() -> None:
     assert scaled is not None and scaled[:, 0].tolist() == [-1.0, 0.0, 1.0, 1.0]
 
 
-
 def test_a_fresh_member_starts_from_at_most_the_others_share_of_its_buffer() -> None:
     pool = _pool(1000)
     _write(pool, 0, 600, writer=9)
