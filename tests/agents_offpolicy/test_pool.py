@@ -138,15 +138,22 @@ def test_ppo_rollouts_feed_the_pool_with_final_obs_and_terminations_apart() -> N
     assert torch.equal(rows.action, torch.cat(env.actions).reshape(-1, 1))  # as applied
 
 
-def test_an_off_policy_member_starts_from_the_pool_and_keeps_its_own_share() -> None:
+def _linked_sac(others: int, own_share: float
+                ) -> tuple[ExperiencePool, SACAgent, RecordingEnv, PoolLink]:
+    """A fresh SAC member (buffer of 500) linked to a pool where another writer already
+    wrote ``others`` rows."""
     pool = _pool(1000)
-    _write(pool, 0, 300, writer=9)
+    _write(pool, 0, others, writer=9)
     config = SACConfig(num_envs=4, buffer_size=500, learning_starts=8, batch_size=8)
     agent = SACAgent(OBS, ACT, config, torch.device("cpu"), seed=0)
     env = ScriptedEnv(4)
     env.single_action_space = ACT
     recording = RecordingEnv(env, pool, writer=pool.new_writer())
-    link = PoolLink(pool, agent, [recording], own_share=0.25)
+    return pool, agent, recording, PoolLink(pool, agent, [recording], own_share=own_share)
+
+
+def test_an_off_policy_member_starts_from_the_pool_and_keeps_its_own_share() -> None:
+    pool, agent, recording, link = _linked_sac(300, own_share=0.25)
     assert link.warm_rows == 300 and len(agent.buffer) == 300  # not from nothing
     _write(pool, 300, 100, writer=9)
     agent.train_iteration(recording)  # type: ignore[arg-type]
@@ -165,14 +172,7 @@ def test_actions_map_to_each_consumer_scale() -> None:
 
 
 def test_a_fresh_member_starts_from_at_most_the_others_share_of_its_buffer() -> None:
-    pool = _pool(1000)
-    _write(pool, 0, 600, writer=9)
-    config = SACConfig(num_envs=4, buffer_size=500, learning_starts=8, batch_size=8)
-    agent = SACAgent(OBS, ACT, config, torch.device("cpu"), seed=0)
-    env = ScriptedEnv(4)
-    env.single_action_space = ACT
-    recording = RecordingEnv(env, pool, writer=pool.new_writer())
-    link = PoolLink(pool, agent, [recording], own_share=0.75)
+    _, agent, _, link = _linked_sac(600, own_share=0.75)
     # a quarter of 500 rows, the newest: room for three times as many of its own
     assert warm_limit(500, 0.75) == 125
     assert link.warm_rows == 125 and len(agent.buffer) == 125
