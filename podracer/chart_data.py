@@ -21,6 +21,15 @@ _SPARE = ("tab:pink", "tab:olive", "tab:cyan", "tab:gray")
 TARGET_COLOUR = "crimson"
 
 
+def env_label(env: str) -> str:
+    """``env`` as a chart's title names it: a stock env's data file without its directory
+    and its query (the windows and costs ran 300 characters past both edges of the
+    figure); any other env as it is."""
+    path = env.partition("?")[0]
+    kind, _, rest = path.partition("/")
+    return f"{kind}/{rest.rsplit('/', 1)[-1]}" if "/" in rest else path
+
+
 @dataclasses.dataclass(frozen=True)
 class Round:
     """One round of training: the checkpoints of one initialization, as one time span."""

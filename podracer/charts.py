@@ -28,6 +28,7 @@ from podracer.chart_data import (
     best_rises,
     colours,
     end_of,
+    env_label,
     plural,
     pods_series,
     pyplot,
@@ -116,7 +117,7 @@ def tournament_figure(entries: list[Entry], start: float, target: float | None =
                        "round ended)")
     by_steps.set_xlabel("env steps the run had spent when the checkpoint came")
     by_steps.xaxis.set_major_formatter(EngFormatter(sep=""))
-    by_time.set_title(f"Podracer tournament on {entries[0].env}: "
+    by_time.set_title(f"Podracer tournament on {env_label(entries[0].env)}: "
                       f"{plural(len(entries), 'checkpoint')}, best {best.score_mean:.1f}")
     every = tuple(colour.values())
     handles: list[Any] = [dots[a] for a in colour]
@@ -173,10 +174,11 @@ def throughput_figure(entries: list[Entry], start: float) -> Any:
         ax.set_title(f"{a}: {fmt(steps)} env steps, {fmt(steps / busy if busy else 0)} "
                      "steps/s per training pod", loc="left", fontsize=8, pad=3)
     total = sum(e.env_steps for e in entries)
-    fig.suptitle(f"Podracer throughput on {entries[0].env}: {fmt(total)} env steps "
-                           f"in {plural(len(rounds(entries)), 'round')} "
-                           f"({fmt(total / (end - start))} steps/s on average); each "
-                           "algorithm on its own scale", fontsize=10)
+    # two lines: on one, even a short env's title ran past both edges of the figure
+    fig.suptitle(f"Podracer throughput on {env_label(entries[0].env)}: {fmt(total)} env steps "
+                 f"in {plural(len(rounds(entries)), 'round')} "
+                 f"({fmt(total / (end - start))} steps/s on average)\n"
+                 "each algorithm on its own scale", fontsize=10)
     per = [pods_series([e for e in entries if e.algorithm == a], start, end) for a in algorithms]
     times = per[0][0]
     width = times[0] * 2

@@ -182,6 +182,16 @@ def test_the_tournament_has_an_env_steps_view_a_spread_and_coloured_legend(
     plt.close(fig)
 
 
+def test_a_chart_names_a_stock_env_by_its_file_not_its_windows() -> None:
+    from podracer.chart_data import env_label
+
+    stock = ("stock/../shared/data/sp500_20_adjclose_daily.csv.gz?train=2016-01-01..2018-05-12"
+             "&validation=2014-01-01..2014-12-31&backtest=2019-05-13..2021-05-26&cost=0.002")
+    assert env_label(stock) == "stock/sp500_20_adjclose_daily.csv.gz"
+    assert env_label("gym/HalfCheetah-v5") == "gym/HalfCheetah-v5"
+    assert env_label("torch/Pendulum-v1") == "torch/Pendulum-v1"
+
+
 def test_throughput_gives_each_algorithm_its_scale_and_whole_pods(tmp_path: Path) -> None:
     from podracer.charts import throughput_figure
 
@@ -200,6 +210,9 @@ def test_throughput_gives_each_algorithm_its_scale_and_whole_pods(tmp_path: Path
     assert heights and all(float(y).is_integer() for y in heights), sorted(set(heights))
     assert max(heights) == 2
     assert all(float(t).is_integer() for t in pods.get_yticks())
+    # the title fits the figure: no line of it longer than the 100 characters that do
+    title = fig.get_suptitle()
+    assert "steps/s on average" in title and max(map(len, title.splitlines())) <= 100, title
     import matplotlib.pyplot as plt
 
     plt.close(fig)
