@@ -43,6 +43,8 @@ class Round:
     env_steps: int
     curve: list[tuple[float, float, int]]
     """(seconds since ``start``, eval mean, env steps) of its in-round evaluations."""
+    pod: str = ""
+    """The pod that trained it."""
 
 
 def rounds(entries: list[Entry]) -> list[Round]:
@@ -55,7 +57,7 @@ def rounds(entries: list[Entry]) -> list[Round]:
         end = max(e.created for e in group)
         own = next((e for e in group if e.id == init_id), group[-1])
         found.append(Round(init_id, own.algorithm, end - sum(e.wall_time for e in group), end,
-                           sum(e.env_steps for e in group), own.curve))
+                           sum(e.env_steps for e in group), own.curve, own.pod))
     return sorted(found, key=lambda r: r.start)
 
 
@@ -137,7 +139,10 @@ def pods_series(entries: list[Entry], start: float, end: float,
                 points: int = 200) -> tuple[list[float], list[int]]:
     """Whole pods training at once: the most rounds running together in each of ``points``
     equal cells from ``start`` to ``end`` (cell centres in seconds since ``start``, pods).
-    A cell where one round follows another on the same pod counts that pod once."""
+    A pod counts once however many of its rounds cover a moment: a round's span ends when
+    its checkpoint was stored, after the updater measured it, so the pod's next round,
+    started when it published, overlaps it by that wait (a 2-pod stock run showed 3 pods
+    at three hand-overs)."""
     spans = [r for r in rounds(entries) if r.end > r.start]
     width = (end - start) / points
     if width <= 0:
@@ -148,7 +153,7 @@ def pods_series(entries: list[Entry], start: float, end: float,
         lo, hi = start + i * width, start + (i + 1) * width
         # the count only rises where a round starts, so the cell's most is at one of these
         marks = [lo] + [r.start for r in spans if lo < r.start < hi]
-        pods.append(max(sum(1 for r in spans if r.start <= m < r.end and r.end > lo)
+        pods.append(max(len({r.pod for r in spans if r.start <= m < r.end and r.end > lo})
                         for m in marks))
         times.append((i + 0.5) * width)
     return times, pods

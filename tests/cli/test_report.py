@@ -228,3 +228,16 @@ def test_pods_series_counts_whole_pods(tmp_path: Path) -> None:
                    _put(store, "C", "sac", 0.0, end=115, seconds=10, steps=1000, pod="pod-2")]
     assert pods_series(entries, T0 + 100, T0 + 115, points=3)[1] == [1, 2, 2]
     assert pods_series([entries[0], entries[1]], T0 + 100, T0 + 115, points=2)[1] == [1, 1]
+
+
+def test_a_pods_next_round_overlapping_its_last_ones_measurement_is_still_one_pod(
+        tmp_path: Path) -> None:
+    from podracer.chart_data import pods_series
+
+    # pod-1's round A is stored at 110 after a 3-s measurement; its next round B began at
+    # 107, when A was published: the spans overlap, the pod is one
+    with LeaderboardStore(tmp_path) as store:
+        entries = [_put(store, "A", "ppo", 0.0, end=110, seconds=10, steps=1000),
+                   _put(store, "B", "ppo", 0.0, end=117, seconds=10, steps=1000),
+                   _put(store, "C", "sac", 0.0, end=117, seconds=17, steps=1000, pod="pod-2")]
+    assert max(pods_series(entries, T0 + 100, T0 + 117, points=17)[1]) == 2
