@@ -136,27 +136,29 @@ def steps_so_far(entries: list[Entry]) -> dict[str, int]:
 
 
 def pods_series(entries: list[Entry], start: float, end: float,
-                points: int = 200) -> tuple[list[float], list[int]]:
-    """Whole pods training at once: the most rounds running together in each of ``points``
-    equal cells from ``start`` to ``end`` (cell centres in seconds since ``start``, pods).
-    A pod counts once however many of its rounds cover a moment: a round's span ends when
-    its checkpoint was stored, after the updater measured it, so the pod's next round,
-    started when it published, overlaps it by that wait (a 2-pod stock run showed 3 pods
-    at three hand-overs)."""
+                points: int = 200) -> tuple[list[float], dict[str, list[int]]]:
+    """Whole pods training at once, per algorithm, on ``points`` equal cells from ``start``
+    to ``end``: the cell centres (seconds since ``start``) and, per algorithm, its pods at
+    the moment of each cell when the most pods trained, each pod under the algorithm of
+    its round then. (Each algorithm's own most in a cell, stacked, counted twice a pod
+    that switched algorithm inside the cell: a 2-pod stock run showed 3 pods at three
+    hand-overs.) A pod counts once at a moment, should two of its rounds touch there."""
     spans = [r for r in rounds(entries) if r.end > r.start]
     width = (end - start) / points
     if width <= 0:
-        return [], []
+        return [], {}
     times: list[float] = []
-    pods: list[int] = []
+    per: dict[str, list[int]] = {a: [] for a in sorted({r.algorithm for r in spans})}
     for i in range(points):
         lo, hi = start + i * width, start + (i + 1) * width
         # the count only rises where a round starts, so the cell's most is at one of these
         marks = [lo] + [r.start for r in spans if lo < r.start < hi]
-        pods.append(max(len({r.pod for r in spans if r.start <= m < r.end and r.end > lo})
-                        for m in marks))
+        busiest = max(({r.pod: r.algorithm for r in spans if r.start <= m < r.end and r.end > lo}
+                       for m in marks), key=len)  # spans are in start order: the later wins
+        for algorithm, counts in per.items():
+            counts.append(sum(1 for a in busiest.values() if a == algorithm))
         times.append((i + 0.5) * width)
-    return times, pods
+    return times, per
 
 
 def best_entry(entries: list[Entry]) -> Entry:

@@ -179,13 +179,13 @@ def throughput_figure(entries: list[Entry], start: float) -> Any:
                  f"in {plural(len(rounds(entries)), 'round')} "
                  f"({fmt(total / (end - start))} steps/s on average)\n"
                  "each algorithm on its own scale", fontsize=10)
-    per = [pods_series([e for e in entries if e.algorithm == a], start, end) for a in algorithms]
-    times = per[0][0]
+    times, by_algorithm = pods_series(entries, start, end)
+    per = [by_algorithm.get(a, [0] * len(times)) for a in algorithms]
     width = times[0] * 2
     edges = [t - width / 2 for t in times] + [times[-1] + width / 2]
-    pods_ax.stackplot(edges, [[*p, p[-1]] for _, p in per], colors=[colour[a] for a in algorithms],
+    pods_ax.stackplot(edges, [[*p, p[-1]] for p in per], colors=[colour[a] for a in algorithms],
                       labels=algorithms, alpha=0.85, lw=0, step="post")
-    top = max(sum(column) for column in zip(*(p for _, p in per), strict=True))
+    top = max(sum(column) for column in zip(*per, strict=True))
     pods_ax.yaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     pods_ax.set_ylim(0, top + 0.5)
     pods_ax.set_ylabel("pods training")

@@ -226,18 +226,22 @@ def test_pods_series_counts_whole_pods(tmp_path: Path) -> None:
         entries = [_put(store, "A", "ppo", 0.0, end=110, seconds=10, steps=1000),
                    _put(store, "B", "ppo", 0.0, end=115, seconds=5, steps=1000),
                    _put(store, "C", "sac", 0.0, end=115, seconds=10, steps=1000, pod="pod-2")]
-    assert pods_series(entries, T0 + 100, T0 + 115, points=3)[1] == [1, 2, 2]
-    assert pods_series([entries[0], entries[1]], T0 + 100, T0 + 115, points=2)[1] == [1, 1]
+    assert pods_series(entries, T0 + 100, T0 + 115, points=3)[1] == {"ppo": [1, 1, 1],
+                                                                      "sac": [0, 1, 1]}
+    assert pods_series([entries[0], entries[1]], T0 + 100, T0 + 115, points=2)[1] == {
+        "ppo": [1, 1]}
 
 
-def test_a_pods_next_round_overlapping_its_last_ones_measurement_is_still_one_pod(
-        tmp_path: Path) -> None:
+def test_a_pod_that_switches_algorithm_inside_a_cell_counts_once(tmp_path: Path) -> None:
     from podracer.chart_data import pods_series
 
-    # pod-1's round A is stored at 110 after a 3-s measurement; its next round B began at
-    # 107, when A was published: the spans overlap, the pod is one
+    # pod-1 trains PPO until 112, then SAC; pod-2 TD3 throughout: the cell from 110 to 115
+    # holds two pods (stacking each algorithm's most in the cell drew three)
     with LeaderboardStore(tmp_path) as store:
-        entries = [_put(store, "A", "ppo", 0.0, end=110, seconds=10, steps=1000),
-                   _put(store, "B", "ppo", 0.0, end=117, seconds=10, steps=1000),
-                   _put(store, "C", "sac", 0.0, end=117, seconds=17, steps=1000, pod="pod-2")]
-    assert max(pods_series(entries, T0 + 100, T0 + 117, points=17)[1]) == 2
+        entries = [_put(store, "A", "ppo", 0.0, end=112, seconds=12, steps=1000),
+                   _put(store, "B", "sac", 0.0, end=120, seconds=8, steps=1000),
+                   _put(store, "C", "td3", 0.0, end=120, seconds=20, steps=1000, pod="pod-2")]
+    per = pods_series(entries, T0 + 100, T0 + 120, points=4)[1]
+    assert [sum(cell) for cell in zip(*per.values(), strict=True)] == [2, 2, 2, 2], per
+    # that cell shows pod-1 under one of its two algorithms, not under both
+    assert (per["ppo"][2] + per["sac"][2], per["td3"][2]) == (1, 1), per
