@@ -27,8 +27,11 @@ from broker.core.settings import default_experiment
 from envs.registry import make_env
 
 POOL_MIB = 64
+"""Each arm's pool (Hopper: about 615k rows, more than a 30-s fill writes)."""
 EVAL_EVERY_S = 10.0
+"""Evaluations within a round: the curve each arm prints."""
 EVAL_EPISODES = 10
+"""Episodes per evaluation, as the tournament benchmark's confirmation."""
 
 
 def _runner(pool: ExperiencePool | None) -> RoundRunner:
@@ -94,13 +97,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"load average before: {os.getloadavg()}")
-    fills = {name: _fill(args.env, name, args.fill_seconds)
-             for name in args.fill.split(",") if name}
-    arms: dict[str, list[tuple[float, float]]] = {"no pool": []}
-    arms.update({f"warm from {name}": [] for name in fills})
+    starts: dict[str, PoolRows | None] = {"no pool": None}
+    starts.update({f"warm from {name}": _fill(args.env, name, args.fill_seconds)
+                   for name in args.fill.split(",") if name})
+    arms: dict[str, list[tuple[float, float]]] = {arm: [] for arm in starts}
     for seed in range(args.seeds):
-        for arm in arms:
-            rows = fills[arm.removeprefix("warm from ")] if arm != "no pool" else None
+        for arm, rows in starts.items():
             final, best, scores, pooled = _round(args.env, args.algo, args.seconds, seed, rows)
             arms[arm].append((final, best))
             print(f"s{seed} {arm:16} evaluations {', '.join(f'{s:.0f}' for s in scores)}"

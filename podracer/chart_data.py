@@ -22,9 +22,9 @@ TARGET_COLOUR = "crimson"
 
 
 def env_label(env: str) -> str:
-    """``env`` as a chart's title names it: a stock env's data file without its directory
-    and its query (the windows and costs ran 300 characters past both edges of the
-    figure); any other env as it is."""
+    """``env`` as a chart's title names it: without its query, and an env named by a path
+    (a stock env's data file) by the file alone (a stock env's windows and costs ran 300
+    characters past both edges of the figure); a registered name as it is."""
     path = env.partition("?")[0]
     kind, _, rest = path.partition("/")
     return f"{kind}/{rest.rsplit('/', 1)[-1]}" if "/" in rest else path
