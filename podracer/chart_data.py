@@ -43,7 +43,7 @@ class Round:
     env_steps: int
     curve: list[tuple[float, float, int]]
     """(seconds since ``start``, eval mean, env steps) of its in-round evaluations."""
-    pod: str = ""
+    pod: str
     """The pod that trained it."""
 
 
