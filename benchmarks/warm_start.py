@@ -61,11 +61,10 @@ def _fill(env: str, algo: str, seconds: float) -> PoolRows:
         result = runner.run(_job(runner, env, algo, 1000, seconds)).result
     finally:
         runner.close()
-    rows = pool.newest(pool.capacity)
+    rows = pool.newest(pool.capacity)  # gathered by index: copies, not views of the pool
     print(f"fill {algo}: {len(rows):,} rows in {result.wall_time:.0f} s, its score "
           f"{result.score_mean:.1f}")
-    return PoolRows(*(t.clone() for t in (rows.obs, rows.action, rows.reward, rows.next_obs,
-                                          rows.terminated, rows.writer)))
+    return rows
 
 
 def _round(env: str, algo: str, seconds: float, seed: int, rows: PoolRows | None
