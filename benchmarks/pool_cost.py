@@ -40,7 +40,7 @@ def _peer(pool: ExperiencePool, rate: float, stop: multiprocessing.synchronize.E
     while not stop.is_set():
         obs = torch.randn(batch, *shape)
         pool.write(obs, torch.rand(batch, pool.action.shape[1]) * 2 - 1, torch.randn(batch),
-                   obs, torch.zeros(batch, dtype=torch.bool), writer)
+                   obs, torch.zeros(batch, dtype=torch.bool), writer, True)
         time.sleep(batch / rate)
 
 

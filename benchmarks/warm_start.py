@@ -1,13 +1,17 @@
 """What a fresh member's warm start from the experience pool does to its first round.
 
-``python -m benchmarks.warm_start [--env gym/Hopper-v5] [--algo td3] [--fill ppo,sac]
+``python -m benchmarks.warm_start [--env gym/Hopper-v5] [--algo td3] [--fill sac,ppo]
 [--fill-seconds 30] [--seconds 40] [--seeds 3]`` first records what each ``--fill``
 algorithm writes to a pool in one round of ``--fill-seconds`` (what a tournament's
 other members would have left there), then runs a fresh ``--algo`` round of ``--seconds``
-per seed: once on its own (no pool), and once per fill starting from a pool holding that
-fill's rows, as a new member of a tournament does (``agents.pod.pool_link``: at most
-``1 - own_share`` of its buffer). Rows are interleaved by seed. Prints each round's
-evaluations (10 episodes every 10 s) and, per arm, the mean final and best score.
+per seed: once on its own (no pool), once per fill starting from a pool holding that
+fill's rows, and once from a pool holding every fill, written in ``--fill`` order (the
+last the newest, as PPO's many rows are in a tournament), as a new member of a
+tournament does (``agents.pod.pool_link``: at most ``1 - own_share`` of its buffer, by
+the default ``pool_warm_from``: off-policy rows first). So the last arm against the
+last fill's own arm is that rule against taking the newest rows (``newest``). Rows are
+interleaved by seed. Prints each round's evaluations (10 episodes every 10 s) and, per
+arm, the mean final and best score.
 """
 
 from __future__ import annotations
@@ -67,14 +71,16 @@ def _fill(env: str, algo: str, seconds: float) -> PoolRows:
     return rows
 
 
-def _round(env: str, algo: str, seconds: float, seed: int, rows: PoolRows | None
+def _round(env: str, algo: str, seconds: float, seed: int, fills: list[PoolRows]
            ) -> tuple[float, float, list[float], int]:
-    """A fresh ``algo`` round: (final score, best evaluation, evaluations, pool rows)."""
+    """A fresh ``algo`` round from a pool of ``fills`` (none: no pool): (final score,
+    best evaluation, evaluations, pool rows)."""
     pool = None
-    if rows is not None:
+    if fills:
         pool = _pool(env)
-        pool.write(rows.obs, rows.action, rows.reward, rows.next_obs, rows.terminated,
-                   pool.new_writer())
+        for rows in fills:
+            pool.write(rows.obs, rows.action, rows.reward, rows.next_obs, rows.terminated,
+                       pool.new_writer(), rows.off_policy)
     runner = _runner(pool)
     try:
         result = runner.run(_job(runner, env, algo, seed, seconds)).result
@@ -89,22 +95,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="gym/Hopper-v5")
     parser.add_argument("--algo", default="td3")
-    parser.add_argument("--fill", default="ppo,sac")
+    parser.add_argument("--fill", default="sac,ppo")
     parser.add_argument("--fill-seconds", type=float, default=30.0)
     parser.add_argument("--seconds", type=float, default=40.0)
     parser.add_argument("--seeds", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"load average before: {os.getloadavg()}")
-    starts: dict[str, PoolRows | None] = {"no pool": None}
-    starts.update({f"warm from {name}": _fill(args.env, name, args.fill_seconds)
-                   for name in args.fill.split(",") if name})
+    names = [name for name in args.fill.split(",") if name]
+    fills = {name: _fill(args.env, name, args.fill_seconds) for name in names}
+    starts: dict[str, list[PoolRows]] = {"no pool": []}
+    starts.update({f"warm from {name}": [rows] for name, rows in fills.items()})
+    if len(fills) > 1:
+        starts[f"warm from {'+'.join(names)}"] = list(fills.values())
     arms: dict[str, list[tuple[float, float]]] = {arm: [] for arm in starts}
     for seed in range(args.seeds):
-        for arm, rows in starts.items():
-            final, best, scores, pooled = _round(args.env, args.algo, args.seconds, seed, rows)
+        for arm, start in starts.items():
+            final, best, scores, pooled = _round(args.env, args.algo, args.seconds, seed, start)
             arms[arm].append((final, best))
-            print(f"s{seed} {arm:16} evaluations {', '.join(f'{s:.0f}' for s in scores)}"
+            print(f"s{seed} {arm:18} evaluations {', '.join(f'{s:.0f}' for s in scores)}"
                   f"  (pool rows taken {pooled:,})")
     print(f"\nfresh {args.algo} on {args.env}, {args.seconds:g} s rounds, {args.seeds} seeds:")
     print(f"{'arm':18} {'final (mean ± std)':>20} {'best (mean)':>12}  per seed final")

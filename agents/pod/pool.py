@@ -9,15 +9,17 @@ shared memory, with no copy through the broker:
   and a lock, made once by the process that starts the pods and handed to each worker
   process when it starts (pickling a shared tensor passes its memory, not its bytes).
   Its capacity follows from a byte budget: ``max_bytes // row_bytes`` with
-  ``row_bytes = 4 * (2 * obs_dim + act_dim + 1) + 1 + 4`` (obs, next obs, action,
-  reward as float32; terminated as bool; the writer's id as int32). A full pool
-  overwrites its oldest rows: writing never waits for a reader.
+  ``row_bytes = 4 * (2 * obs_dim + act_dim + 1) + 2 + 4`` (obs, next obs, action,
+  reward as float32; terminated and off-policy as bool; the writer's id as int32). A full
+  pool overwrites its oldest rows: writing never waits for a reader.
 * Rows are what the env did: ``next_obs`` is the true successor (``final_obs`` where an
   episode ended, not the autoreset's first observation), ``terminated`` stays apart from
   truncation (a truncated row bootstraps), and the action is in the env's scale as it
   was applied (``agents.pod.pool_link`` records them at the env, so PPO's rollouts feed
   the pool as well as the off-policy agents' own steps); each consumer maps actions to
-  its own scale.
+  its own scale. Each row is tagged with whether an off-policy learner collected it: a
+  fresh member starts from off-policy writers' rows first (``newest``), since a warm start
+  from PPO's rows taught a fresh TD3 to fall (``benchmarks.warm_start``).
 * ``PoolReader``: a cursor over the rows other writers added since it last read. A
   reader that fell more than the capacity behind skips to the oldest row still held
   and counts what it skipped; one asked for fewer rows than wait takes the newest and
@@ -60,6 +62,9 @@ class PoolRows:
     next_obs: torch.Tensor
     terminated: torch.Tensor
     writer: torch.Tensor
+    off_policy: torch.Tensor
+    """Per row: an off-policy learner collected it (its policy explored to learn from
+    every step), not an on-policy one (PPO's rollouts)."""
 
     def __len__(self) -> int:
         return int(self.reward.shape[0])
@@ -77,7 +82,7 @@ def action_dim(space: gymnasium.spaces.Space[Any]) -> int:
 
 def row_bytes(obs_shape: tuple[int, ...], act_dim: int) -> int:
     """Bytes one transition takes in the pool (see the module doc)."""
-    return 4 * (2 * math.prod(obs_shape) + act_dim + 1) + 1 + 4
+    return 4 * (2 * math.prod(obs_shape) + act_dim + 1) + 2 + 4
 
 
 class ExperiencePool:
@@ -107,6 +112,7 @@ class ExperiencePool:
             self.reward = torch.zeros(capacity).share_memory_()
             self.terminated = torch.zeros(capacity, dtype=torch.bool).share_memory_()
             self.writer = torch.full((capacity,), -1, dtype=torch.int32).share_memory_()
+            self.off_policy = torch.zeros(capacity, dtype=torch.bool).share_memory_()
         finally:
             torch.set_num_threads(threads)
         # [rows ever written, next writer id, time of the first write in us]
@@ -134,7 +140,8 @@ class ExperiencePool:
     def nbytes(self) -> int:
         """Shared memory the pool holds."""
         return sum(t.numel() * t.element_size() for t in (
-            self.obs, self.next_obs, self.action, self.reward, self.terminated, self.writer))
+            self.obs, self.next_obs, self.action, self.reward, self.terminated, self.writer,
+            self.off_policy))
 
     @property
     def written(self) -> int:
@@ -160,19 +167,25 @@ class ExperiencePool:
             return int(self._meta[1])
 
     def write(self, obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor,
-              next_obs: torch.Tensor, terminated: torch.Tensor, writer: int) -> None:
-        """Append ``N`` transitions (leading dim ``N``), overwriting the oldest when full."""
+              next_obs: torch.Tensor, terminated: torch.Tensor, writer: int,
+              off_policy: bool | torch.Tensor) -> None:
+        """Append ``N`` transitions (leading dim ``N``), overwriting the oldest when full;
+        ``off_policy`` tags them all, or each (a bool tensor ``[N]``)."""
         n = int(reward.shape[0])
+        if n == 0:
+            return
+        tags = torch.as_tensor(off_policy, dtype=torch.bool).to("cpu").expand(n)
         rows: tuple[torch.Tensor, ...] = (obs.detach().to("cpu", torch.float32),
                 action.detach().reshape(n, -1).to("cpu", torch.float32),
                 reward.detach().to("cpu", torch.float32),
                 next_obs.detach().to("cpu", torch.float32),
-                terminated.detach().to("cpu", torch.bool))
+                terminated.detach().to("cpu", torch.bool), tags)
         dropped = max(0, n - self.capacity)  # rows a full ring would overwrite at once
         if dropped:
             rows = tuple(r[dropped:] for r in rows)
             n = self.capacity
-        stores = (self.obs, self.action, self.reward, self.next_obs, self.terminated)
+        stores = (self.obs, self.action, self.reward, self.next_obs, self.terminated,
+                  self.off_policy)
         with self._locked() as got:
             if not got:
                 return
@@ -190,15 +203,27 @@ class ExperiencePool:
 
     def _gather(self, index: torch.Tensor) -> PoolRows:
         return PoolRows(self.obs[index], self.action[index], self.reward[index],
-                        self.next_obs[index], self.terminated[index], self.writer[index])
+                        self.next_obs[index], self.terminated[index], self.writer[index],
+                        self.off_policy[index])
 
-    def newest(self, limit: int) -> PoolRows:
-        """The newest ``min(limit, len(self))`` rows of every writer, oldest first."""
+    def newest(self, limit: int, *, off_policy_first: bool = False) -> PoolRows:
+        """The newest ``min(limit, len(self))`` rows of every writer, oldest first; with
+        ``off_policy_first``, the newest off-policy rows and, when they are fewer than
+        ``limit``, the newest of the others to make up the rest."""
         with self._locked() as got:
             total = int(self._meta[0]) if got else 0
-            n = min(limit, total, self.capacity)
-            index = torch.arange(total - n, total) % self.capacity
-            return self._gather(index)
+            held = torch.arange(max(0, total - self.capacity), total) % self.capacity
+            if not off_policy_first:
+                return self._gather(held[max(0, len(held) - limit):])
+            off = self.off_policy[held]
+            first = off.nonzero().flatten()
+            first = first[max(0, len(first) - limit):]
+            rest = (~off).nonzero().flatten()
+            rest = rest[max(0, len(rest) - (limit - len(first))):]
+            keep = torch.zeros(len(held), dtype=torch.bool)
+            keep[first] = True
+            keep[rest] = True
+            return self._gather(held[keep])
 
     def read_since(self, cursor: int, limit: int, skip_writer: int
                    ) -> tuple[PoolRows, int, int]:

@@ -17,7 +17,9 @@ training never waits for the network:
   their sender, and a gap in the numbers counts the batches that were dropped. What
   arrives is decoded by the codec (no pickle), checked against this pool's shapes and
   dtypes (a mismatch is rejected and counted), and written to the pool under the
-  bridge's own writer id (so it is never sent back out).
+  bridge's own writer id (so it is never sent back out), each row keeping its sender's
+  off-policy tag (a fresh member here starts from off-policy rows first, wherever they
+  were collected).
 
 The data is replaceable: no retries, no dead letters. A broken connection is logged
 once and retried by the next pass.
@@ -56,14 +58,17 @@ MAX_OUT = 8
 PASS_S = 0.25
 """Seconds between two passes of the bridge thread."""
 CONTENT_TYPE = "application/x-podracer-experience+msgpack"
-BATCH_SCHEMA = 1
-"""Version of the batch layout (``encode_batch``)."""
+BATCH_SCHEMA = 2
+"""Version of the batch layout (``encode_batch``); 2 added ``off_policy``. A node of
+another version rejects the batches and counts them (the data is replaceable)."""
+ROWS = ("obs", "action", "reward", "next_obs", "terminated", "off_policy")
+"""The tensors of a batch: ``PoolRows``'s fields but the writer (a node's own)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class ExperienceBatch:
-    """Transitions one node shares: ``rows`` holds ``obs``, ``action`` (env scale),
-    ``reward``, ``next_obs``, ``terminated``; ``seq`` numbers the sender's batches."""
+    """Transitions one node shares: ``rows`` holds ``ROWS`` (``action`` in the env's
+    scale); ``seq`` numbers the sender's batches."""
 
     experiment: str
     node: str
@@ -163,7 +168,7 @@ class PoolBridge:
         sent = 0
         for start in range(0, len(rows), self.batch_rows):
             part = {name: getattr(rows, name)[start:start + self.batch_rows].contiguous()
-                    for name in ("obs", "action", "reward", "next_obs", "terminated")}
+                    for name in ROWS}
             body = encode_batch(ExperienceBatch(self.topology.experiment, self.node,
                                                 self._seq, part))
             headers = {} if self.key is None else {HEADER_MAC: self.key.sign(CONTENT_TYPE, body)}
@@ -211,7 +216,7 @@ class PoolBridge:
             self.dropped_batches += msg.seq - last - 1
         self._last_seq[msg.node] = msg.seq
         self.pool.write(rows["obs"], rows["action"], rows["reward"], rows["next_obs"],
-                        rows["terminated"], self.writer)
+                        rows["terminated"], self.writer, rows["off_policy"])
         return int(rows["reward"].shape[0])
 
     def _checked(self, rows: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
@@ -220,7 +225,8 @@ class PoolBridge:
         n = rows["reward"].shape[0] if "reward" in rows else -1
         want = {"obs": (pool.obs, torch.float32), "next_obs": (pool.next_obs, torch.float32),
                 "action": (pool.action, torch.float32), "reward": (pool.reward, torch.float32),
-                "terminated": (pool.terminated, torch.bool)}
+                "terminated": (pool.terminated, torch.bool),
+                "off_policy": (pool.off_policy, torch.bool)}
         if set(rows) != set(want):
             raise PodracerError(f"rows {sorted(rows)}, expected {sorted(want)}")
         for name, (store, dtype) in want.items():

@@ -7,6 +7,8 @@
   are scored, not learned from).
 * ``PoolLink`` is one round's link, made by the runner once the agent is built:
 
+  - every row the round's envs write is tagged with whether the agent learns off-policy
+    (``ExperiencePool.write``);
   - a member whose buffer is empty (fresh, or a child whose lineage's rows live in
     another process) starts from the pool's newest rows, at most ``1 - own_share`` of
     its buffer's capacity (``warm_limit``: the share of others' rows its buffer holds
@@ -16,7 +18,8 @@
     them PPO's, scored 4.9 in three rounds running (it fell at once), where without the
     pool it scored 599, 419 and 367. With the limit (75k rows) its first round scored
     401 (seed 0), and seed 2's TD3 won its run; seed 1's still fell (4.4, then 4.9), so
-    the limit makes the fall rarer, not impossible;
+    the limit makes the fall rarer, not impossible. Which rows: by default the newest
+    of those off-policy learners wrote first (``broker.core.experiment.POOL_WARM_FROM``);
   - after every iteration (``sync``), each off-policy learner of a compatible action
     space takes the rows others wrote since its cursor via ``add_transitions``, at most
     ``own_share``-bounded: ``own_rows * (1 - own_share) / own_share`` per iteration, so
@@ -45,7 +48,7 @@ from agents.base import Agent
 from agents.offpolicy import BoxActions, DiscreteActions, OffPolicyAgent
 from agents.pod.pool import ExperiencePool, PoolReader, PoolRows
 from broker.core.errors import ConfigError
-from broker.core.experiment import DEFAULT_POOL_OWN_SHARE
+from broker.core.experiment import DEFAULT_POOL_OWN_SHARE, POOL_WARM_FROM
 from envs.base import EnvWrapper, StepResult, VecEnv
 
 log = logging.getLogger(__name__)
@@ -63,6 +66,9 @@ class RecordingEnv(EnvWrapper):
         self.writer = writer
         self.recorded = 0
         """Transitions written to the pool."""
+        self.off_policy = False
+        """The tag of what it writes: an off-policy learner collects it (``PoolLink`` sets
+        it once the agent is built, before the first step)."""
         self._obs: torch.Tensor | None = None
 
     def reset(self, *, seed: int | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -80,7 +86,8 @@ class RecordingEnv(EnvWrapper):
             if final is not None:
                 ended = (terminated | truncated).reshape(-1, *([1] * (next_obs.dim() - 1)))
                 stored = torch.where(ended, final, next_obs)
-            self.pool.write(self._obs, action, reward, stored, terminated, self.writer)
+            self.pool.write(self._obs, action, reward, stored, terminated, self.writer,
+                            self.off_policy)
             self.recorded += int(reward.shape[0])
         self._obs = next_obs
         return next_obs, reward, terminated, truncated, info
@@ -125,14 +132,20 @@ class PoolLink:
     """One round's link between its agent, its recording envs and the pool."""
 
     def __init__(self, pool: ExperiencePool, agent: Agent, envs: list[RecordingEnv],
-                 own_share: float = DEFAULT_POOL_OWN_SHARE) -> None:
+                 own_share: float = DEFAULT_POOL_OWN_SHARE,
+                 warm_from: str = POOL_WARM_FROM[0]) -> None:
         if not 0.0 < own_share <= 1.0:
             raise ConfigError("pool_own_share", f"must be in (0, 1], got {own_share}",
                               "e.g. 0.5: half of what enters a buffer is the member's own")
+        if warm_from not in POOL_WARM_FROM:
+            raise ConfigError("pool_warm_from", f"{warm_from!r} is not one of {POOL_WARM_FROM}",
+                              f"use {POOL_WARM_FROM[0]!r} (the default) or {POOL_WARM_FROM[1]!r}")
         self.pool = pool
         self.envs = envs
         self.own_share = own_share
         writer = envs[0].writer if envs else pool.new_writer()
+        for env in envs:
+            env.off_policy = bool(learners_of(agent))
         self.learners = [a for a in learners_of(agent)
                          if to_agent_scale(a, torch.zeros(1, pool.action.shape[1])) is not None]
         self.readers = [PoolReader(pool, writer) for _ in self.learners]
@@ -141,7 +154,8 @@ class PoolLink:
         for learner in self.learners:
             if len(learner.buffer) == 0 and len(pool) > 0:
                 self.warm_rows += _add(learner, pool.newest(
-                    warm_limit(learner.buffer.capacity, own_share)))
+                    warm_limit(learner.buffer.capacity, own_share),
+                    off_policy_first=warm_from == "off-policy"))
         if self.warm_rows:
             log.info("round starts from %d pool rows", self.warm_rows)
         self._recorded = 0
@@ -181,12 +195,12 @@ def record_envs(pool: ExperiencePool | None, env_name: str, agent_envs: list[Vec
 
 
 def link_agent(pool: ExperiencePool | None, agent: Agent, envs: list[VecEnv],
-               own_share: float) -> PoolLink | None:
+               own_share: float, warm_from: str) -> PoolLink | None:
     """The round's ``PoolLink`` when ``record_envs`` wrapped its envs, else ``None``."""
     recording = [env for env in envs if isinstance(env, RecordingEnv)]
     if pool is None or not recording:
         return None
-    return PoolLink(pool, agent, recording, own_share)
+    return PoolLink(pool, agent, recording, own_share, warm_from)
 
 
 def unwrap(env: VecEnv) -> VecEnv:

@@ -40,7 +40,7 @@ from agents.pod.pool_link import link_agent, record_envs, unwrap
 from agents.pod.round import Progress, RoundResult, train_round
 from agents.replay import ReplayBuffer
 from broker.core.errors import EnvUnavailable
-from broker.core.experiment import DEFAULT_POOL_OWN_SHARE
+from broker.core.experiment import DEFAULT_POOL_OWN_SHARE, POOL_WARM_FROM
 from broker.core.schemas import Budget
 from broker.runtime.faults import Fault, Faulted, Verdict, fault_of, judge, one_line
 from envs.base import VecEnv
@@ -102,6 +102,8 @@ class RunnerConfig:
     process worker when it starts); ``None``: the pod learns from its own data only."""
     pool_own_share: float = DEFAULT_POOL_OWN_SHARE
     """Least share of a learner's new data that is its own (``agents.pod.pool_link``)."""
+    pool_warm_from: str = POOL_WARM_FROM[0]
+    """Which pool rows an empty buffer starts from (``broker.core.experiment.POOL_WARM_FROM``)."""
     seeded_eval: bool = False
     """Evaluate on episodes seeded from the round's seed (reproducible mode): the same
     agent then gets the same score in every run."""
@@ -202,7 +204,8 @@ class RoundRunner:
             log.debug("traceback", exc_info=True)
             raise fault_of(exc, unknown=Fault.MESSAGE) from None
         try:
-            link = link_agent(self.config.pool, agent, envs, self.config.pool_own_share)
+            link = link_agent(self.config.pool, agent, envs, self.config.pool_own_share,
+                              self.config.pool_warm_from)
             result = train_round(agent, envs[0], eval_env, job.budget,
                                  eval_every_s=self.config.eval_every_s, on_progress=report,
                                  should_stop=should_stop,

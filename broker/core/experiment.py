@@ -38,6 +38,12 @@ scored 4264 (4242, 4164, 4387) against 2766 (2964, 3324, 2010) for 0.5, every se
 higher, and trained 1.0-1.07M env steps against 0.71-1.86M (0.5 feeds each learner as
 many pool rows as its own, and ingesting them costs its updates time)."""
 
+POOL_WARM_FROM = ("off-policy", "newest")
+"""Values of ``pool_warm_from``, the default first: which pool rows a member with an empty
+replay buffer starts from (``agents.pod.pool_link``). ``off-policy`` takes the newest rows
+off-policy learners wrote and makes up the rest with the others' newest; ``newest`` takes
+the newest whoever wrote them. Measured by ``benchmarks.warm_start`` (docs/concepts.md)."""
+
 Check = Callable[["Experiment"], None]
 """Validates an experiment against the program's registries; raises ``ConfigError``."""
 
@@ -97,9 +103,11 @@ class Experiment:
     off-policy members learn from and start from; ``false``: the ablation."""
     pool_mib: int = 256
     """The pool's shared memory in MiB: ``pool_mib * 2**20 // row_bytes`` transitions,
-    ``row_bytes = 4 * (2 * obs_dim + act_dim + 1) + 5``."""
+    ``row_bytes = 4 * (2 * obs_dim + act_dim + 1) + 6``."""
     pool_own_share: float = DEFAULT_POOL_OWN_SHARE
     """Least share of a member's new data that is its own (``agents.pod.pool_link``)."""
+    pool_warm_from: str = POOL_WARM_FROM[0]
+    """Which pool rows an empty buffer starts from: one of ``POOL_WARM_FROM``."""
     tracking: tuple[str, ...] = ("tensorboard",)
     """Where ``podracer train`` logs metrics and hyperparameters: any of ``TRACKERS``."""
     env_kwargs: Mapping[str, Scalar] = dataclasses.field(default_factory=dict)
@@ -127,6 +135,7 @@ class Experiment:
             "eval_episodes": self.eval_episodes, "device": self.device, "seed": self.seed,
             "learners": self.learners, "experience_pool": self.experience_pool,
             "pool_mib": self.pool_mib, "pool_own_share": self.pool_own_share,
+            "pool_warm_from": self.pool_warm_from,
             "tracking": list(self.tracking),
             "selection": {"name": self.selection.name, **self.selection.params},
             "population": dataclasses.asdict(self.population),
@@ -347,6 +356,13 @@ def _device(value: str) -> str:
     raise ConfigError("device", f"unknown device {value!r}", "use auto, cpu, cuda or cuda:N")
 
 
+def _pool_warm_from(value: str) -> str:
+    if value in POOL_WARM_FROM:
+        return value
+    raise ConfigError("pool_warm_from", f"unknown value {value!r}",
+                      f"use {' or '.join(repr(v) for v in POOL_WARM_FROM)}")
+
+
 def parse_experiment(data: Mapping[str, Any], check: Check | None = None) -> Experiment:
     """Validate TOML-shaped ``data``; ``check`` then validates what only the program's
     registries know (algorithm names, pinned hyperparameters, the selection strategy:
@@ -383,6 +399,7 @@ def parse_experiment(data: Mapping[str, Any], check: Check | None = None) -> Exp
         pool_mib=top.required_integer("pool_mib", 256, 1),
         pool_own_share=top.number("pool_own_share", DEFAULT_POOL_OWN_SHARE, 0.0, 1.0,
                                   positive=True) or DEFAULT_POOL_OWN_SHARE,
+        pool_warm_from=_pool_warm_from(top.string("pool_warm_from", POOL_WARM_FROM[0])),
         tracking=_tracking(top.raw("tracking", ["tensorboard"])),
         env_kwargs=_env_kwargs(top.table("env_kwargs")),
         reproducible=top.boolean("reproducible", False),

@@ -24,11 +24,13 @@ def _pool(rows: int) -> ExperiencePool:
     return ExperiencePool("stub", OBS, ACT, rows * row_bytes((3,), 1))
 
 
-def _write(pool: ExperiencePool, first: int, n: int, writer: int) -> None:
+def _write(pool: ExperiencePool, first: int, n: int, writer: int, off_policy: bool = False
+           ) -> None:
     """Rows whose reward is their global index ``first..first+n-1``."""
     values = torch.arange(first, first + n, dtype=torch.float32)
     obs = values[:, None].repeat(1, 3)
-    pool.write(obs, values[:, None] / 1000, values, obs + 1, values % 2 == 0, writer)
+    pool.write(obs, values[:, None] / 1000, values, obs + 1, values % 2 == 0, writer,
+               off_policy)
 
 
 def test_capacity_follows_the_byte_budget_and_rejects_a_budget_too_small() -> None:
@@ -58,6 +60,20 @@ def test_a_full_pool_overwrites_its_oldest_rows_across_the_wrap() -> None:
     assert newest.terminated.tolist() == [True, False, True, False, True]
     _write(pool, 7, 12, writer=1)  # a batch over the capacity keeps its newest rows
     assert pool.newest(5).reward.tolist() == [14, 15, 16, 17, 18]
+
+
+def test_a_warm_start_takes_off_policy_rows_first_then_the_newest_of_the_rest() -> None:
+    pool = _pool(10)
+    _write(pool, 0, 4, writer=1, off_policy=True)  # a SAC member's rows, older
+    _write(pool, 4, 6, writer=2)  # a PPO member's, newer
+    assert pool.newest(5).reward.tolist() == [5, 6, 7, 8, 9]
+    first = pool.newest(5, off_policy_first=True)
+    assert first.reward.tolist() == [0, 1, 2, 3, 9]  # oldest first, as ``newest``
+    assert first.off_policy.tolist() == [True] * 4 + [False]
+    assert pool.newest(3, off_policy_first=True).reward.tolist() == [1, 2, 3]
+    assert len(pool.newest(0, off_policy_first=True)) == 0
+    _write(pool, 10, 2, writer=2)  # the ring overwrote two of SAC's rows
+    assert pool.newest(3, off_policy_first=True).reward.tolist() == [2, 3, 11]
 
 
 def test_a_reader_sees_only_others_rows_since_its_cursor_and_counts_what_it_skipped() -> None:
@@ -95,7 +111,7 @@ def _writer_process(pool: ExperiencePool, writer: int, batches: int) -> None:
     for _ in range(batches):
         values = torch.full((4,), float(writer))
         pool.write(values[:, None].repeat(1, 3), values[:, None], values,
-                   values[:, None].repeat(1, 3), values > 0, writer)
+                   values[:, None].repeat(1, 3), values > 0, writer, writer == 2)
 
 
 def test_two_processes_write_one_pool_without_losing_or_tearing_rows() -> None:
@@ -138,18 +154,21 @@ def test_ppo_rollouts_feed_the_pool_with_final_obs_and_terminations_apart() -> N
     assert torch.equal(rows.action, torch.cat(env.actions).reshape(-1, 1))  # as applied
 
 
-def _linked_sac(others: int, own_share: float
+def _linked_sac(others: int, own_share: float, off_policy_others: int = 0,
+                warm_from: str = "off-policy"
                 ) -> tuple[ExperiencePool, SACAgent, RecordingEnv, PoolLink]:
-    """A fresh SAC member (buffer of 500) linked to a pool where another writer already
-    wrote ``others`` rows."""
+    """A fresh SAC member (buffer of 500) linked to a pool where other writers already
+    wrote ``off_policy_others`` rows of off-policy learners, then ``others`` rows of an
+    on-policy one (rewards count them from 0)."""
     pool = _pool(1000)
-    _write(pool, 0, others, writer=9)
+    _write(pool, 0, off_policy_others, writer=8, off_policy=True)
+    _write(pool, off_policy_others, others, writer=9)
     config = SACConfig(num_envs=4, buffer_size=500, learning_starts=8, batch_size=8)
     agent = SACAgent(OBS, ACT, config, torch.device("cpu"), seed=0)
     env = ScriptedEnv(4)
     env.single_action_space = ACT
     recording = RecordingEnv(env, pool, writer=pool.new_writer())
-    return pool, agent, recording, PoolLink(pool, agent, [recording], own_share=own_share)
+    return pool, agent, recording, PoolLink(pool, agent, [recording], own_share, warm_from)
 
 
 def test_an_off_policy_member_starts_from_the_pool_and_keeps_its_own_share() -> None:
@@ -177,3 +196,31 @@ def test_a_fresh_member_starts_from_at_most_the_others_share_of_its_buffer() -> 
     assert warm_limit(500, 0.75) == 125
     assert link.warm_rows == 125 and len(agent.buffer) == 125
     assert torch.allclose(agent.buffer.action[:125, 0], torch.arange(475, 600) / 2000)
+
+
+def test_a_fresh_member_starts_from_off_policy_rows_first_and_its_rows_say_off_policy() -> None:
+    pool, agent, recording, link = _linked_sac(600, own_share=0.75, off_policy_others=200)
+    # 125 rows: the newest of the 200 SAC rows, although PPO's 600 rows are newer
+    assert link.warm_rows == 125
+    assert torch.allclose(agent.buffer.action[:125, 0], torch.arange(75, 200) / 2000)
+    agent.train_iteration(recording)  # type: ignore[arg-type]
+    assert bool(pool.newest(4).off_policy.all())  # what a SAC member writes is tagged
+    _, agent, _, link = _linked_sac(600, own_share=0.75, off_policy_others=200,
+                                    warm_from="newest")
+    assert torch.allclose(agent.buffer.action[:125, 0], torch.arange(675, 800) / 2000)
+    with pytest.raises(ConfigError, match="pool_warm_from"):
+        _linked_sac(10, own_share=0.75, warm_from="oldest")
+
+
+def test_what_a_ppo_member_writes_is_tagged_on_policy() -> None:
+    env = ScriptedEnv(4)
+    pool = ExperiencePool("stub", env.single_observation_space, env.single_action_space,
+                          1000 * row_bytes((3,), 1))
+    recording = RecordingEnv(env, pool, writer=pool.new_writer())
+    recording.off_policy = True  # as if a SAC round had used these envs before
+    agent = PPOAgent(recording.single_observation_space, recording.single_action_space,
+                     PPOConfig(num_envs=4, rollout_steps=6), torch.device("cpu"), seed=0)
+    PoolLink(pool, agent, [recording])
+    agent.train_iteration(recording)  # type: ignore[arg-type]
+    rows = pool.newest(1000)
+    assert len(rows) == 24 and not bool(rows.off_policy.any())

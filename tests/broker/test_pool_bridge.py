@@ -26,7 +26,7 @@ def _write(pool: ExperiencePool, first: int, n: int) -> None:
     values = torch.arange(first, first + n, dtype=torch.float32)
     obs = values[:, None].repeat(1, 3)
     pool.write(obs, values[:, None].repeat(1, 2), values, obs + 1, values % 2 == 1,
-               pool.new_writer())
+               pool.new_writer(), values % 3 == 0)
 
 
 def test_two_nodes_exchange_a_batch_and_a_slow_node_drops_and_counts(
@@ -42,6 +42,7 @@ def test_two_nodes_exchange_a_batch_and_a_slow_node_drops_and_counts(
         assert b.receive() == 2
         got = pool_b.newest(10)
         assert got.reward.tolist() == [0.0, 1.0] and got.terminated.tolist() == [False, True]
+        assert got.off_policy.tolist() == [True, False]  # each row keeps its writer's tag
         assert torch.equal(got.next_obs, got.obs + 1) and got.action.shape == (2, 2)
         assert a.receive() == 0 and pool_a.written == 2  # its own batch is not taken back
         assert b.publish() == 0  # what b received is never sent on
