@@ -42,7 +42,10 @@ POOL_WARM_FROM = ("off-policy", "newest")
 """Values of ``pool_warm_from``, the default first: which pool rows a member with an empty
 replay buffer starts from (``agents.pod.pool_link``). ``off-policy`` takes the newest rows
 off-policy learners wrote and makes up the rest with the others' newest; ``newest`` takes
-the newest whoever wrote them. Measured by ``benchmarks.warm_start`` (docs/concepts.md)."""
+the newest whoever wrote them. Measured on Hopper-v5 (``benchmarks.warm_start``, a fresh
+TD3's 40-s round, 3 seeds interleaved): from a pool of a 30-s SAC round's rows, then a
+30-s PPO round's (the newer, as in a tournament), ``off-policy`` scored 279 (261, 261,
+314) against 140 (191, 192, 38) for the newest rows, and 190 without the pool."""
 
 Check = Callable[["Experiment"], None]
 """Validates an experiment against the program's registries; raises ``ConfigError``."""
