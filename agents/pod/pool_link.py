@@ -48,7 +48,11 @@ from agents.base import Agent
 from agents.offpolicy import BoxActions, DiscreteActions, OffPolicyAgent
 from agents.pod.pool import ExperiencePool, PoolReader, PoolRows
 from broker.core.errors import ConfigError
-from broker.core.experiment import DEFAULT_POOL_OWN_SHARE, POOL_WARM_FROM
+from broker.core.experiment import (
+    DEFAULT_POOL_OWN_SHARE,
+    POOL_WARM_FROM,
+    checked_pool_warm_from,
+)
 from envs.base import EnvWrapper, StepResult, VecEnv
 
 log = logging.getLogger(__name__)
@@ -137,9 +141,7 @@ class PoolLink:
         if not 0.0 < own_share <= 1.0:
             raise ConfigError("pool_own_share", f"must be in (0, 1], got {own_share}",
                               "e.g. 0.5: half of what enters a buffer is the member's own")
-        if warm_from not in POOL_WARM_FROM:
-            raise ConfigError("pool_warm_from", f"{warm_from!r} is not one of {POOL_WARM_FROM}",
-                              f"use {POOL_WARM_FROM[0]!r} (the default) or {POOL_WARM_FROM[1]!r}")
+        checked_pool_warm_from(warm_from)
         self.pool = pool
         self.envs = envs
         self.own_share = own_share

@@ -359,7 +359,8 @@ def _device(value: str) -> str:
     raise ConfigError("device", f"unknown device {value!r}", "use auto, cpu, cuda or cuda:N")
 
 
-def _pool_warm_from(value: str) -> str:
+def checked_pool_warm_from(value: str) -> str:
+    """``value`` if it is one of ``POOL_WARM_FROM``, else ``ConfigError`` naming the field."""
     if value in POOL_WARM_FROM:
         return value
     raise ConfigError("pool_warm_from", f"unknown value {value!r}",
@@ -402,7 +403,7 @@ def parse_experiment(data: Mapping[str, Any], check: Check | None = None) -> Exp
         pool_mib=top.required_integer("pool_mib", 256, 1),
         pool_own_share=top.number("pool_own_share", DEFAULT_POOL_OWN_SHARE, 0.0, 1.0,
                                   positive=True) or DEFAULT_POOL_OWN_SHARE,
-        pool_warm_from=_pool_warm_from(top.string("pool_warm_from", POOL_WARM_FROM[0])),
+        pool_warm_from=checked_pool_warm_from(top.string("pool_warm_from", POOL_WARM_FROM[0])),
         tracking=_tracking(top.raw("tracking", ["tensorboard"])),
         env_kwargs=_env_kwargs(top.table("env_kwargs")),
         reproducible=top.boolean("reproducible", False),
