@@ -42,11 +42,15 @@ machine). Rows:
 Tasks and scoring (see ``benchmarks.tournament_runs`` for the details):
 
 * ``pendulum`` (``torch/Pendulum-v1``): wall seconds from the start of the run to the
-  first in-training evaluation reaching -200 (tournament: the ``created`` time of the
-  first checkpoint in its store scoring -200, counted from the call to ``train()``), cap
-  60 s (``--budget``): a run that does not reach it counts as the cap and the row prints
-  ``> cap`` (or ``>= mean`` when only some runs missed). The checkpoint that reached the
-  target is re-evaluated (10 deterministic seeded episodes: ``confirm``); the
+  first claim of -200 that held: an in-training evaluation reaching it whose state the
+  updater's measurement (32 episodes of its own) scores at -200 or better (tournament:
+  the ``created`` time of the first checkpoint in its store scoring -200, counted from
+  the call to ``train()``; a lone agent's claim is measured the same way and a refuted
+  one trains on: ``tournament_runs.measure_claim``; each run prints the claims refuted
+  before it), cap 60 s (``--budget``): a run that does not reach it counts as the cap
+  and the row prints ``> cap`` (or ``>= mean`` when only some runs missed). The
+  checkpoint that reached the target is re-evaluated (10 deterministic seeded episodes:
+  ``confirm``); the
   tournament's total ``train()`` wall time is printed too. Ratios: time / best tuned
   lone agent's time, and time / the ``sb3-ppo`` row's mean time in this run (``-``
   when Stable-Baselines3 is not installed or that row was not run).
@@ -176,7 +180,8 @@ def _describe(r: RunResult) -> str:
 
     return (f"[{r.task}] {r.method:{W}} seed {r.seed}"
             + (f" draw {r.draw}" if r.draw is not None else "")
-            + f": target at {fmt(r.time_to_target)} s (confirm {fmt(r.confirm)}), "
+            + f": target at {fmt(r.time_to_target)} s (confirm {fmt(r.confirm)}, "
+            f"{r.refuted} claims refuted), "
             f"score {fmt(r.score)} (in training {fmt(r.in_training_best)}, {r.algorithm}), "
             f"{r.env_steps} steps, {r.checkpoints} ckpts, wall {r.wall:.1f} s"
             + (f" ERROR {r.error}" if r.error else ""))

@@ -123,6 +123,7 @@ def _raw(task: Task, rows: dict[str, Row]) -> list[str]:
             elif task.target is not None:
                 value = ("miss" if r.time_to_target is None
                          else f"{r.time_to_target:.1f}s/{r.confirm:.0f}")
+                value += f" ({r.refuted} refuted)" if r.refuted else ""
             else:
                 value = f"{r.score:.1f}" if r.score is not None else "n/a"
             cells.append(f"{name} {value}")
@@ -159,14 +160,15 @@ def report(tasks: list[Task], budgets: dict[str, float], results: list[RunResult
         rows = _rows(task, cap, results)
         if task.target is not None:
             out.append(f"\n== {task.key} ({task.env}): wall seconds to {task.target:g}, "
-                       f"cap {cap:g} s (confirm: 10-episode re-evaluation) ==")
+                       f"cap {cap:g} s (a claim counts once the updater's measurement holds it; "
+                       f"confirm: 10-episode re-evaluation) ==")
             out += _pendulum_table(task, cap, rows)
         else:
             out.append(f"\n== {task.key} ({task.env}): 10-episode deterministic score "
                        f"after {cap:g} s ==")
             out += _score_table(rows)
         out += _pool_lines(rows)
-        out.append("per run (time to target s/confirm, or score):"
+        out.append("per run (time to target s/confirm, claims refuted before it):"
                    if task.target is not None else "per run (score):")
         out += _raw(task, rows)
     return "\n".join(out)

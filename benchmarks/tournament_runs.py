@@ -13,9 +13,13 @@ policy is run for ``EVAL_EPISODES`` episodes with the env seeded with ``EVAL_SEE
   score (the leaderboard's top-1 for the tournament; the best in-training evaluation of
   a lone agent; for best-of-4, the best of the four agents' bests).
 * ``time_to_target`` (tasks with a target): seconds from the start of the run to the
-  first in-training evaluation that reached the target (for the tournament: the
-  ``created`` time of the first such checkpoint in its store). ``confirm`` is the
-  re-evaluation of the checkpoint that reached it.
+  first claim of the target that held: an in-training evaluation that reached it, whose
+  state then scored at least the target in the updater's measurement
+  (``MEASURE_EPISODES`` episodes of its own). For the tournament that is the ``created``
+  time of the first checkpoint in its store whose (measured) score reached it; a lone
+  agent's claim is measured the same way (``measure_claim``) and a refuted one trains
+  on. ``refuted`` counts the claims that did not hold; ``confirm`` is the re-evaluation
+  of the checkpoint that reached it.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from broker.core.settings import default_experiment, settings_from_env
 from envs.registry import make_env
 from leaderboard.mutation import fresh_hparams
 from leaderboard.store import Entry, LeaderboardStore
+from leaderboard.updater import MEASURE_EPISODES
 from podracer.train import train
 
 log = logging.getLogger(__name__)
@@ -85,6 +90,8 @@ equal training or by the best checkpoint's algorithm (``population.keeper``), an
 fresh member's warm start from the newest pool rows whoever wrote them
 (``pool_warm_from``; the default takes off-policy rows first); the rows keep their
 meaning whatever the default)."""
+MEASURE_SEED = 54_321
+"""Seeds of a lone agent's claim measurements (``measure_claim``), apart from ``EVAL_SEED``."""
 T = TypeVar("T")
 
 
@@ -128,6 +135,9 @@ class RunResult:
     hparams: dict[str, Scalar] = dataclasses.field(default_factory=dict)
     time_to_target: float | None = None
     confirm: float | None = None
+    refuted: int = 0
+    """Claims of the target (a round's evaluation crossed it) that the measurement
+    refuted before the first that held (``measure_claim``; the tournament's updater)."""
     score: float | None = None
     in_training_best: float | None = None
     wall: float = 0.0
@@ -160,19 +170,32 @@ def in_subprocess(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 
 def reevaluate(env_name: str, algorithm: str, hparams: Mapping[str, Scalar],
-               state: Mapping[str, torch.Tensor]) -> float:
-    """Mean return of ``state``'s deterministic policy, ``EVAL_EPISODES`` seeded episodes."""
+               state: Mapping[str, torch.Tensor], episodes: int = EVAL_EPISODES,
+               seed: int = EVAL_SEED) -> float:
+    """Mean return of ``state``'s deterministic policy, ``episodes`` seeded episodes."""
     # states carry no per-copy tensors (replay is not checkpointed), so the agent can be
     # rebuilt around an env with one copy per episode
-    env = make_env(env_name, EVAL_EPISODES, CPU)
+    env = make_env(env_name, episodes, CPU)
     try:
         agent = build_agent(default_registry(), algorithm,
-                            {**hparams, "num_envs": EVAL_EPISODES}, env, CPU, 0, state)
+                            {**hparams, "num_envs": episodes}, env, CPU, 0, state)
         with torch.no_grad():
-            return evaluate(lambda obs: agent.act(obs, True), env, EVAL_EPISODES,
-                            seed=EVAL_SEED).mean
+            return evaluate(lambda obs: agent.act(obs, True), env, episodes, seed=seed).mean
     finally:
         env.close()
+
+
+def measure_claim(env_name: str, algorithm: str, hparams: Mapping[str, Scalar],
+                  state: Mapping[str, torch.Tensor], seed: int) -> float:
+    """A lone agent's claim of the target measured as the tournament's updater measures
+    one (``leaderboard.claims``: ``MEASURE_EPISODES`` episodes of its own, not the
+    claim's). The time to target counts a claim only once this holds, for every row:
+    the tournament's stored score is that measurement, and a claim is the best of a
+    round's evaluations, biased upwards (Pendulum, session 14: two of three tournament
+    runs had a first claim refuted and paid a second round, while the lone rows' claims
+    were taken as they came)."""
+    return reevaluate(env_name, algorithm, hparams, state, MEASURE_EPISODES,
+                      MEASURE_SEED + seed)
 
 
 def random_hparams(algorithm: str, task: Task, seed: int, draw: int) -> dict[str, Scalar]:
@@ -188,6 +211,14 @@ def random_hparams(algorithm: str, task: Task, seed: int, draw: int) -> dict[str
 def _first_hit(entries: list[Entry], target: float) -> Entry | None:
     hits = [e for e in entries if e.score_mean >= target]
     return min(hits, key=lambda e: e.created) if hits else None
+
+
+def _refuted(entries: list[Entry], target: float, hit: Entry | None) -> list[Entry]:
+    """The checkpoints before ``hit`` whose claim reached ``target`` and whose measurement
+    (the updater's) did not."""
+    return [e for e in entries if e.reevaluated and e.score_claimed is not None
+            and e.score_claimed >= target > e.score_mean
+            and (hit is None or e.created < hit.created)]
 
 
 def mean_share(entries: list[Entry]) -> float | None:
@@ -242,6 +273,8 @@ def run_tournament(task: Task, seed: int, budget: float, out: Path, *,
             result.score = reevaluate(task.env, best.algorithm, best.hparams,
                                       store.load_state(best))
         hit = _first_hit(entries, task.target) if task.target is not None else None
+        if task.target is not None:
+            result.refuted = len(_refuted(entries, task.target, hit))
         if hit is not None:
             result.time_to_target = hit.created - started_wall
             result.confirm = reevaluate(task.env, hit.algorithm, hit.hparams,
@@ -262,11 +295,18 @@ class _AgentRun:
     reached_at: float | None = None
     target_state: dict[str, torch.Tensor] | None = None
     env_steps: int = 0
+    refuted: int = 0
+    """Claims of the target its own measurement refuted (``measure_claim``)."""
 
 
 def _train_agent(task: Task, algorithm: str, hparams: Mapping[str, Scalar], seed: int,
                  budget: float, started: float, stop: threading.Event) -> _AgentRun:
-    """Train one agent in one round until the deadline, the target or ``stop``."""
+    """Train one agent until the deadline, a measured target or ``stop``.
+
+    One round for the whole budget, as a lone pod trains; a round that ends on a claim of
+    the target (its evaluation crossed it) is measured as the updater measures a
+    tournament's (``measure_claim``), and a refuted claim trains on (the lone pod's
+    lineage is continued after the updater refutes its claim)."""
     run = _AgentRun(algorithm, dict(hparams))
     registry = default_registry()
     config = resolve_config(registry, algorithm, hparams)
@@ -275,22 +315,29 @@ def _train_agent(task: Task, algorithm: str, hparams: Mapping[str, Scalar], seed
     eval_env = make_env(task.env, episodes, CPU)
     try:
         agent = build_agent(registry, algorithm, hparams, env, CPU, seed)
-        left = budget - (time.monotonic() - started)
-        # the pod's cadence and target watch (POD): what a lone `podracer train` pod does
-        result = train_round(agent, env, eval_env, Budget(seconds=max(left, 0.1)),
-                             eval_every_s=POD.eval_every_s,
-                             should_stop=stop.is_set, eval_episodes=episodes,
-                             target=task.target, snapshot_every_s=POD.snapshot_every_s)
-        run.env_steps = result.env_steps
-        if result.best_state is not None and math.isfinite(result.best_mean):
-            run.best_score, run.best_state = result.best_mean, result.best_state
-        if (task.target is not None and run.reached_at is None
-                and run.best_score is not None and run.best_score >= task.target):
+        while (left := budget - (time.monotonic() - started)) > 0 and not stop.is_set():
+            # the pod's cadence and target watch (POD): what a lone `podracer train` pod does
+            result = train_round(agent, env, eval_env, Budget(seconds=max(left, 0.1)),
+                                 eval_every_s=POD.eval_every_s,
+                                 should_stop=stop.is_set, eval_episodes=episodes,
+                                 target=task.target, snapshot_every_s=POD.snapshot_every_s)
+            run.env_steps += result.env_steps
+            if result.best_state is None or not math.isfinite(result.best_mean):
+                break
+            if run.best_score is None or result.best_mean > run.best_score:
+                run.best_score, run.best_state = result.best_mean, result.best_state
+            if task.target is None or result.best_mean < task.target:
+                break
             # the evaluation that reached the target ended the round (its state is the
-            # round's best), or the final one at the deadline did
-            run.reached_at = time.monotonic() - started
-            run.target_state = run.best_state
-            stop.set()
+            # round's best), or the final one at the deadline did; the tournament's
+            # clock stops at its checkpoint's creation, before the updater measures it
+            claimed_at = time.monotonic() - started
+            if measure_claim(task.env, algorithm, hparams, result.best_state,
+                             seed * 1000 + run.refuted) >= task.target:
+                run.reached_at, run.target_state = claimed_at, result.best_state
+                stop.set()
+            else:
+                run.refuted += 1  # and the next round trains on from the refuted claim
         return run
     finally:
         env.close()
@@ -300,6 +347,7 @@ def _train_agent(task: Task, algorithm: str, hparams: Mapping[str, Scalar], seed
 def _score_agents(task: Task, result: RunResult, runs: list[_AgentRun]) -> RunResult:
     """Fill ``result`` from the agents' runs: best by in-training score, first to hit."""
     result.env_steps = sum(r.env_steps for r in runs)
+    result.refuted = sum(r.refuted for r in runs)
     scored = [r for r in runs if r.best_state is not None and r.best_score is not None]
     if scored:
         best = max(scored, key=lambda r: -math.inf if r.best_score is None else r.best_score)
