@@ -267,10 +267,13 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
 async def discard_waiting(transport: Transport, why: str) -> int:
     """Take and ack the initializations waiting in the ``generator`` queue (never one a
     pod holds), logging ``discarded <id>: why`` for each; returns how many. Ends once
-    nothing arrives for ``DISCARD_WAIT_S`` and the queue has no ready message. A broker
-    failure is only logged."""
+    nothing arrives for ``DISCARD_WAIT_S`` and the queue has no ready message, or at
+    once when it has none to begin with (a fresh run: the wait was 0.3 s of the 1.0 s
+    before a Pendulum run's first rounds). A broker failure is only logged."""
     discarded = 0
     try:
+        if (await transport.queue_depth("generator"))[0] == 0:
+            return 0
         async with transport.consume("generator", prefetch=DISCARD_PREFETCH,
                                      expect=Initialization) as inbox:
             while True:

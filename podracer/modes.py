@@ -58,6 +58,9 @@ SERVICE_ROLES = ("updater", "generator", "orchestrator")
 STOP_GRACE_S = 90.0
 """After an interruption, services get this long to publish their rounds and exit
 before they are sent SIGTERM (and as long again before SIGKILL)."""
+LISTEN_WAIT_S = 10.0
+"""Longest wait of embedded mode for its updater and generator to hear ``control.stop``
+before the orchestrator (which may publish it) starts (``listening``)."""
 DEFAULT_QUEUE_EXPIRY_S = 24 * 3600.0
 """Work queues of a run nobody uses any more go away after this long (a day: time to
 ``--resume`` a killed run before its unstored checkpoints expire with its queue)."""
@@ -143,7 +146,7 @@ async def _embedded(settings: Settings, monitor: Monitor, wiring: Wiring,
         # the updater and generator subscribe before the orchestrator can stop them
         pods_done = asyncio.Event()
         services = [start("updater", pods_done=pods_done), start("generator")]
-        await asyncio.sleep(0.2)
+        await listening([contexts["updater"], contexts["generator"]], services)
         orchestrator = start("orchestrator", scaler=scaler, policy=policy, remind_for_s=0.0)
         # the orchestrator returns once its scaler has stopped every pod (rounds published)
         orchestrator.add_done_callback(lambda _: pods_done.set())
@@ -155,6 +158,24 @@ async def _embedded(settings: Settings, monitor: Monitor, wiring: Wiring,
     for ctx in contexts.values():
         await ctx.close()
     return max(codes)
+
+
+async def listening(contexts: list[ServiceContext[Settings]], services: list[asyncio.Task[int]],
+                    timeout_s: float = LISTEN_WAIT_S) -> bool:
+    """Wait until every service of ``contexts`` hears ``control.stop``, one of
+    ``services`` has ended (it failed: its supervisor or the run deals with it), or
+    ``timeout_s``; whether all were listening. (A fixed 0.2 s sleep stood here: on
+    Pendulum, 0.2 s of the 1.0 s before the first rounds, where a run takes 6-9 s.)"""
+    heard = asyncio.gather(*(ctx.listening.wait() for ctx in contexts))
+    try:
+        ends: list[asyncio.Future[Any]] = [heard, *services]
+        await asyncio.wait(ends, timeout=timeout_s,
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        heard.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await heard
+    return all(ctx.listening.is_set() for ctx in contexts)
 
 
 async def _guarded(coro: Any) -> int:

@@ -85,6 +85,17 @@ def row_bytes(obs_shape: tuple[int, ...], act_dim: int) -> int:
     return 4 * (2 * math.prod(obs_shape) + act_dim + 1) + 2 + 4
 
 
+def shared_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A tensor of zeros in a fresh shared-memory segment: the OS hands out a new
+    segment's pages zeroed, and only when they are first written, so a pool costs its
+    bytes as it fills. ``torch.zeros(...).share_memory_()`` writes every byte twice
+    (zeros in private memory, then the copy into the segment): for the default 256 MiB
+    that took 0.44 s of the 1.0 s between ``podracer train`` and its first rounds
+    (Pendulum, where the run takes 6-9 s), against 0.07 s this way."""
+    storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
+    return torch.empty(0, dtype=dtype).set_(storage).view(shape)
+
+
 class ExperiencePool:
     """A ring of transitions in shared memory, written by every pod of a node."""
 
@@ -99,20 +110,21 @@ class ExperiencePool:
         self.env = env
         self.act_space = act_space
         self.capacity = capacity
-        # Filling hundreds of MiB runs torch's intra-op thread pool at its default size
-        # in whichever thread builds the pool (a to_thread worker that later trains a
-        # round): measured, that left the pod's rounds on HalfCheetah 3-5x slower on a
-        # busy 2-core machine. One thread fills it; the setting is restored after.
+        # Filling the writer column runs torch's intra-op thread pool at its default
+        # size in whichever thread builds the pool (a to_thread worker that later trains
+        # a round): measured, filling hundreds of MiB that way left the pod's rounds on
+        # HalfCheetah 3-5x slower on a busy 2-core machine. One thread fills it; the
+        # setting is restored after.
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            self.obs = torch.zeros((capacity, *obs_shape)).share_memory_()
-            self.next_obs = torch.zeros((capacity, *obs_shape)).share_memory_()
-            self.action = torch.zeros((capacity, dim)).share_memory_()
-            self.reward = torch.zeros(capacity).share_memory_()
-            self.terminated = torch.zeros(capacity, dtype=torch.bool).share_memory_()
-            self.writer = torch.full((capacity,), -1, dtype=torch.int32).share_memory_()
-            self.off_policy = torch.zeros(capacity, dtype=torch.bool).share_memory_()
+            self.obs = shared_zeros((capacity, *obs_shape), torch.float32)
+            self.next_obs = shared_zeros((capacity, *obs_shape), torch.float32)
+            self.action = shared_zeros((capacity, dim), torch.float32)
+            self.reward = shared_zeros((capacity,), torch.float32)
+            self.terminated = shared_zeros((capacity,), torch.bool)
+            self.writer = shared_zeros((capacity,), torch.int32).fill_(-1)
+            self.off_policy = shared_zeros((capacity,), torch.bool)
         finally:
             torch.set_num_threads(threads)
         # [rows ever written, next writer id, time of the first write in us]

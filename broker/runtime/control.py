@@ -19,6 +19,7 @@ T = TypeVar("T")
 async def watch_stop(ctx: ServiceContext[Any], transport: Transport) -> None:
     """Set ``ctx.stopping`` when ``control.stop`` arrives on the events exchange."""
     async with transport.subscribe(["control.stop"]) as events:
+        ctx.listening.set()
         async for event in events:
             if isinstance(event, Stop):
                 log.info("%s: control.stop (%s)", ctx.name, event.reason)

@@ -59,6 +59,9 @@ class ServiceContext(Generic[S]):
         self.settings = settings
         self.name = name
         self.stopping = asyncio.Event()
+        self.listening = asyncio.Event()
+        """Set once the service hears ``control.stop`` (``broker.runtime.control.watch_stop``
+        subscribed): a stop published from then on reaches it."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     def stop(self) -> None:

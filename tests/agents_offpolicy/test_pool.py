@@ -39,6 +39,23 @@ def test_capacity_follows_the_byte_budget_and_rejects_a_budget_too_small() -> No
         ExperiencePool("stub", OBS, ACT, 3)
 
 
+def test_a_new_pool_is_zeroed_shared_memory_of_its_shapes() -> None:
+    pool = _pool(4)
+    columns = {"obs": (pool.obs, (4, 3), torch.float32),
+               "next_obs": (pool.next_obs, (4, 3), torch.float32),
+               "action": (pool.action, (4, 1), torch.float32),
+               "reward": (pool.reward, (4,), torch.float32),
+               "terminated": (pool.terminated, (4,), torch.bool),
+               "writer": (pool.writer, (4,), torch.int32),
+               "off_policy": (pool.off_policy, (4,), torch.bool)}
+    for name, (column, shape, dtype) in columns.items():
+        assert column.is_shared(), name
+        assert (tuple(column.shape), column.dtype) == (shape, dtype), name
+        assert column.tolist() == torch.zeros(shape, dtype=dtype).tolist() or name == "writer"
+    assert pool.writer.tolist() == [-1] * 4  # no writer yet
+    assert pool.nbytes == 4 * row_bytes((3,), 1)
+
+
 def test_a_node_that_cannot_build_the_env_trains_without_a_pool() -> None:
     def missing(name: str, copies: int) -> ScriptedEnv:
         raise ConfigError("path", "prices.csv is not a file")

@@ -41,6 +41,7 @@ from leaderboard import updater as updater_service
 from leaderboard.generator import InitializationMaker
 from leaderboard.selection import default_strategies
 from leaderboard.store import LeaderboardStore
+from podracer import modes
 from tests.issued import issue_for, trust_scores
 
 pytestmark = pytest.mark.timeout(120)
@@ -253,6 +254,40 @@ async def test_control_stop_ends_every_service_with_code_zero(rig: Rig) -> None:
     for ctx, _ in started:
         assert ctx.stopping.is_set()
         await ctx.close()
+
+
+async def test_the_generator_discards_rounds_left_waiting_and_none_from_an_empty_queue(
+        rig: Rig) -> None:
+    for _ in range(2):
+        await rig.transport.publish("generator", _init(rig))
+    assert await _depth(rig.transport, "generator", 2) == 2
+    assert await generator_service.discard_waiting(rig.transport, "test") == 2
+    assert (await rig.transport.queue_depth("generator"))[0] == 0
+    # an empty queue: nothing to wait for (a fresh run's generator starts at once)
+    assert await asyncio.wait_for(
+        generator_service.discard_waiting(rig.transport, "test"),
+        generator_service.DISCARD_WAIT_S / 2) == 0
+
+
+async def test_one_control_stop_ends_every_service_once_they_listen(rig: Rig) -> None:
+    # embedded mode starts the orchestrator (which may publish the stop) only then
+    started = [rig.service(pod_service.main, "pod-c"),
+               rig.service(updater_service.main, "updater"),
+               rig.service(generator_service.main, "generator")]
+    contexts, tasks = [c for c, _ in started], [t for _, t in started]
+    assert await modes.listening(contexts, tasks, timeout_s=60)
+    await rig.transport.publish_event(
+        "control.stop", Stop(experiment=rig.settings.experiment.name, reason="test"))
+    assert await asyncio.wait_for(asyncio.gather(*tasks), 60) == [0, 0, 0]
+    for ctx in contexts:
+        await ctx.close()
+
+
+async def test_waiting_for_listeners_ends_when_a_service_ends_without_listening() -> None:
+    silent = ServiceContext(None, "silent")
+    failed = asyncio.create_task(asyncio.sleep(0, result=1))
+    assert not await asyncio.wait_for(modes.listening([silent], [failed], timeout_s=60), 5)
+    assert not await modes.listening([silent], [], timeout_s=0.05)  # or at the timeout
 
 
 async def test_pod_with_two_learners_fuses_them(rig: Rig) -> None:
