@@ -43,7 +43,7 @@ import torch
 
 from agents.base import AlgorithmRegistry
 from agents.build import Resolved, resolve
-from agents.evaluator import evaluate
+from agents.evaluator import evaluate, torch_threads
 from broker.core.blobstore import FileBlobStore
 from broker.core.errors import (
     BrokerError,
@@ -84,6 +84,9 @@ must be steadier than the claim: Pendulum's returns are two-humped (a start near
 scores about 0, a swing-up about -120), and with 4 episodes on each side the 30-minute
 soak measured honest claims of -58 +- 57 as -124.7 +- 1.4 (four easy starts missed) and
 refused them as false."""
+MEASURE_THREADS = 1
+"""Torch threads of a measurement: it runs beside the pods, each of which holds a core
+(``agents.evaluator.torch_threads``)."""
 MAX_HOLD_S = 15 * 60.0
 """A checkpoint held this long during a store outage goes back to the queue."""
 
@@ -190,8 +193,9 @@ class Updater:
                                    config=dataclasses.replace(resolved.config, num_envs=1))
             # reproducible mode: every candidate meets the same seeded episodes
             seed = self.experiment.seed if self.experiment.reproducible else None
-            result = evaluate(lambda obs: agent.act(obs, True), eval_env, episodes,
-                              seed=seed)
+            with torch_threads(MEASURE_THREADS):
+                result = evaluate(lambda obs: agent.act(obs, True), eval_env, episodes,
+                                  seed=seed)
         except BaseException:
             self.close()  # an env that failed mid-episode is built afresh next time
             raise

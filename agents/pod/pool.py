@@ -41,6 +41,7 @@ from typing import Any
 import gymnasium
 import torch
 
+from agents.evaluator import torch_threads
 from broker.core.errors import ConfigError
 from envs.base import VecEnv
 
@@ -115,9 +116,7 @@ class ExperiencePool:
         # a round): measured, filling hundreds of MiB that way left the pod's rounds on
         # HalfCheetah 3-5x slower on a busy 2-core machine. One thread fills it; the
         # setting is restored after.
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
+        with torch_threads(1):
             self.obs = shared_zeros((capacity, *obs_shape), torch.float32)
             self.next_obs = shared_zeros((capacity, *obs_shape), torch.float32)
             self.action = shared_zeros((capacity, dim), torch.float32)
@@ -125,8 +124,6 @@ class ExperiencePool:
             self.terminated = shared_zeros((capacity,), torch.bool)
             self.writer = shared_zeros((capacity,), torch.int32).fill_(-1)
             self.off_policy = shared_zeros((capacity,), torch.bool)
-        finally:
-            torch.set_num_threads(threads)
         # [rows ever written, next writer id, time of the first write in us]
         self._meta = torch.zeros(3, dtype=torch.int64).share_memory_()
         # a spawn-context lock: the worker processes are spawned (agents.pod.runner)

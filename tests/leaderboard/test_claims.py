@@ -5,6 +5,7 @@ tensor, so each test knows what the updater would measure."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -180,3 +181,44 @@ def test_an_honest_winners_curse_claim_is_believed() -> None:
     slack = Tolerance().slack(-118.5, 2.5)
     assert -118.5 + slack >= -64.1
     assert -118.5 + slack < 1e308
+
+
+def test_the_updater_measures_with_one_torch_thread_and_restores_the_threads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a to_thread worker that never set its threads runs as many as the machine has
+    # cores, beside pods that each hold one: the measurement must not spin on theirs
+    from agents.evaluator import EvalResult
+    from agents.registry import default_registry
+    from broker.core.settings import Settings, default_experiment
+    from broker.runtime.service import ServiceContext
+    from leaderboard import updater as updater_module
+    from tests.reliability.reliability_states import ppo_checkpoint
+
+    env, ppo = "torch/Pendulum-v1", {"num_envs": 4, "rollout_steps": 16, "hidden_size": 16}
+    exp = default_experiment(env).with_overrides(name="threads", algos={"ppo": 1})
+    seen: list[int] = []
+
+    def evaluate(act: Any, eval_env: Any, episodes: int, *, seed: int | None = None
+                 ) -> EvalResult:
+        seen.append(torch.get_num_threads())
+        return EvalResult(-150.0, 10.0, episodes)
+
+    monkeypatch.setattr(updater_module, "evaluate", evaluate)
+    checkpoint = ppo_checkpoint("threads", env, ppo, score=-100.0)
+    outside: list[int] = []
+
+    def measure() -> None:
+        torch.set_num_threads(2)
+        with LeaderboardStore(tmp_path) as store:
+            ctx = ServiceContext(Settings(experiment=exp, store=tmp_path), "updater-t")
+            updater = updater_module.Updater(ctx, None, store,  # type: ignore[arg-type]
+                                             default_registry())
+            assert updater._measure(checkpoint) == (-150.0, 10.0)
+            updater.close()
+        outside.append(torch.get_num_threads())
+
+    worker = threading.Thread(target=measure)
+    worker.start()
+    worker.join()
+    assert seen == [updater_module.MEASURE_THREADS] == [1]
+    assert outside == [2]  # the thread's own setting comes back
