@@ -50,10 +50,9 @@ Tasks and scoring (see ``benchmarks.tournament_runs`` for the details):
   before it), cap 60 s (``--budget``): a run that does not reach it counts as the cap
   and the row prints ``> cap`` (or ``>= mean`` when only some runs missed). The
   checkpoint that reached the target is re-evaluated (10 deterministic seeded episodes:
-  ``confirm``); the
-  tournament's total ``train()`` wall time is printed too. Ratios: time / best tuned
-  lone agent's time, and time / the ``sb3-ppo`` row's mean time in this run (``-``
-  when Stable-Baselines3 is not installed or that row was not run).
+  ``confirm``); the tournament's total ``train()`` wall time is printed too. Ratios:
+  time / best tuned lone agent's time, and time / the ``sb3-ppo`` row's mean time in
+  this run (``-`` when Stable-Baselines3 is not installed or that row was not run).
 * ``halfcheetah`` (``gym/HalfCheetah-v5``), ``hopper`` (``gym/Hopper-v5``): no target;
   each run gets its full budget (300 s, ``--budget``); the score is a 10-episode
   deterministic, seeded re-evaluation of the run's best checkpoint (tournament: the

@@ -111,11 +111,11 @@ class ExperiencePool:
         self.env = env
         self.act_space = act_space
         self.capacity = capacity
-        # Filling the writer column runs torch's intra-op thread pool at its default
-        # size in whichever thread builds the pool (a to_thread worker that later trains
-        # a round): measured, filling hundreds of MiB that way left the pod's rounds on
-        # HalfCheetah 3-5x slower on a busy 2-core machine. One thread fills it; the
-        # setting is restored after.
+        # A fill runs torch's intra-op thread pool at its default size in whichever
+        # thread builds the pool (a to_thread worker that later trains a round):
+        # measured when every column was filled, that left the pod's rounds on
+        # HalfCheetah 3-5x slower on a busy 2-core machine. The writer column is still
+        # filled (-1: no writer), on one thread.
         with torch_threads(1):
             self.obs = shared_zeros((capacity, *obs_shape), torch.float32)
             self.next_obs = shared_zeros((capacity, *obs_shape), torch.float32)
