@@ -146,10 +146,10 @@ class PoolLink:
         self.envs = envs
         self.own_share = own_share
         writer = envs[0].writer if envs else pool.new_writer()
-        off_policy = bool(learners_of(agent))
+        learners = learners_of(agent)
         for env in envs:
-            env.off_policy = off_policy
-        self.learners = [a for a in learners_of(agent)
+            env.off_policy = bool(learners)
+        self.learners = [a for a in learners
                          if to_agent_scale(a, torch.zeros(1, pool.action.shape[1])) is not None]
         self.readers = [PoolReader(pool, writer) for _ in self.learners]
         self.warm_rows = 0
