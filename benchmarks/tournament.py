@@ -10,8 +10,9 @@ machine). Rows:
 * ``tournament-nopool``: the same without the shared experience pool (the ablation);
   ``tournament-own50``, ``tournament-own75``: with each member's own share of its replay
   intake (``pool_own_share``) at 0.5 or 0.75; ``tournament-keepleader``,
-  ``tournament-keepbest``: with the leader's pod kept by the leader at equal training or
-  by the best checkpoint's algorithm (``population.keeper``); ``tournament-warmnewest``:
+  ``tournament-keepbest``, ``tournament-keepnear``: with the leader's pod kept by the
+  leader at equal training, by the best checkpoint's algorithm, or by the leader while
+  its best is near the best checkpoint (``population.keeper``); ``tournament-warmnewest``:
   with a fresh member's warm start from the newest pool rows, not off-policy rows first
   (``pool_warm_from``; ``tournament_runs.TOURNAMENTS``). Each
   tournament run also prints the share of training data that came from the pool

@@ -80,13 +80,15 @@ TOURNAMENTS: dict[str, Mapping[str, Any]] = {
     "tournament-own75": {"pool_own_share": 0.75},
     "tournament-keepleader": {"population.keeper": "leader"},
     "tournament-keepbest": {"population.keeper": "best"},
+    "tournament-keepnear": {"population.keeper": "near"},
     "tournament-warmnewest": {"pool_warm_from": "newest"},
 }
 """The tournament rows: the default ``podracer train``, and the same with one experiment
 override (``Experiment.with_overrides`` keys): without the shared experience pool (the
 ablation), and with each member keeping at least half or three quarters of its replay
 intake its own (``pool_own_share``), and with the leader's pod kept by the leader at
-equal training or by the best checkpoint's algorithm (``population.keeper``), and with a
+equal training, by the best checkpoint's algorithm, or by the leader near the best
+(``population.keeper``), and with a
 fresh member's warm start from the newest pool rows whoever wrote them
 (``pool_warm_from``; the default takes off-policy rows first); the rows keep their
 meaning whatever the default)."""

@@ -419,11 +419,20 @@ class Planner:
     def _kept(self, first: str | None, tally: Mapping[str, tuple[int, int]]) -> str | None:
         """The algorithm whose best lineage keeps the leader's pod: the leader ``first``
         when it leads on evidence (it beats another at equal training; with none, the
-        round robin), or the best checkpoint's (``PopulationConfig.keeper``)."""
-        if self.config.keeper == "best":
-            top = self.store.top(1)
-            return top[0].algorithm if top else None
-        return first if first is not None and tally[first][0] > 0 else None
+        round robin), or the best checkpoint's, or (``near``) that leader while its best
+        checkpoint is within ``RETURN_DROP`` of the best one, else the best checkpoint's
+        (``PopulationConfig.keeper``)."""
+        leads = first if first is not None and tally[first][0] > 0 else None
+        if self.config.keeper == "leader":
+            return leads
+        top = self.store.top(1)
+        if not top:
+            return None
+        if self.config.keeper == "near" and leads is not None:
+            own = self.store.top(1, algorithm=leads)[0].score_mean
+            if top[0].score_mean - own <= RETURN_DROP * abs(top[0].score_mean):
+                return leads
+        return top[0].algorithm
 
     def _second_round(self, curves: Mapping[str, Curve | None]) -> Plan | None:
         """The second round of an algorithm's first lineage, once its first is back and

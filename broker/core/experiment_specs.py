@@ -54,7 +54,7 @@ class SelectionSpec:
     strategy's defaults, e.g. ``size = 3``); read-only."""
 
 
-KEEPERS = ("best", "leader")
+KEEPERS = ("best", "leader", "near")
 """The values of ``PopulationSpec.keeper``, the default first."""
 
 
@@ -82,7 +82,8 @@ class PopulationSpec:
     keeper: str = KEEPERS[0]
     """Whose best lineage keeps a pod of its own once every algorithm is measured (more
     than one pod): ``best``, the algorithm of the best checkpoint; ``leader``, the
-    algorithm that leads at equal training (``leaderboard.population``)."""
+    algorithm that leads at equal training; ``near``, that leader while its best is near
+    the best checkpoint, else the best checkpoint's (``leaderboard.population``)."""
 
 
 MIN_ROUND_S = 10.0
