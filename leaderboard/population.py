@@ -48,7 +48,9 @@ weights, so the score curve runs on through it), on an axis of training seconds
    With more than one pod, once every algorithm is measured, **the best lineage of the
    algorithm that holds the best checkpoint keeps a pod of its own** (``keeper =
    "best"``, the default; with ``"leader"``, that of the algorithm leading on evidence:
-   it beats another at equal training, with none the round robin) and the other pods
+   it beats another at equal training, with none the round robin; with ``"near"``, that
+   leader's while its best checkpoint is within ``RETURN_DROP`` of the best one, else the
+   best checkpoint's) and the other pods
    explore. Measured on HalfCheetah, 3 seeds interleaved: by the leader at equal
    training the pod went at 192 s to TD3 (4470 after 84 s of training, against SAC's
    4073 then) while SAC's best lineage, at 6527, waited 61 s for a pod; kept by the best
