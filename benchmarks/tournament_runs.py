@@ -88,10 +88,9 @@ override (``Experiment.with_overrides`` keys): without the shared experience poo
 ablation), and with each member keeping at least half or three quarters of its replay
 intake its own (``pool_own_share``), and with the leader's pod kept by the leader at
 equal training, by the best checkpoint's algorithm, or by the leader near the best
-(``population.keeper``), and with a
-fresh member's warm start from the newest pool rows whoever wrote them
-(``pool_warm_from``; the default takes off-policy rows first); the rows keep their
-meaning whatever the default)."""
+(``population.keeper``), and with a fresh member's warm start from the newest pool rows
+whoever wrote them (``pool_warm_from``; the default takes off-policy rows first); the
+rows keep their meaning whatever the default)."""
 MEASURE_SEED = 54_321
 """Seeds of a lone agent's claim measurements (``measure_claim``), apart from ``EVAL_SEED``."""
 T = TypeVar("T")

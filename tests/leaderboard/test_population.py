@@ -578,9 +578,8 @@ def test_near_keeps_the_pod_for_the_leader_at_equal_training_near_the_best(
     _put(store, "td3-kept", "td3", 2701.0, parent="td32", wall=62.0)
     _curve(store, "sac", [-107.0, 223.0, 1047.0, 2421.0, 2584.0], wall=21.0)
     _curve(store, "ppo", [-119.0, 775.0, 970.0, 223.0], wall=23.0)
-    mix = {"ppo": 1.0, "sac": 1.0, "td3": 1.0}
     for keeper, kept in (("best", "td3"), ("near", "sac"), ("leader", "sac")):
-        planner = _planner(store, mix, members=2, keeper=keeper)
+        planner = _planner(store, MIX, members=2, keeper=keeper)
         planner.issued("x", Plan("ppo", None, False, "test"))  # the other pod is busy
         plan = planner.next()
         assert plan.keeper and plan.algorithm == kept, (keeper, plan)
@@ -589,6 +588,6 @@ def test_near_keeps_the_pod_for_the_leader_at_equal_training_near_the_best(
     # 84 s took the pod from SAC's best lineage at 6527, which waited 61 s)
     _put(store, "td3-far", "td3", 3500.0, parent="td3-kept", wall=21.0)
     for keeper, kept in (("near", "td3"), ("leader", "sac")):
-        planner = _planner(store, mix, members=2, keeper=keeper)
+        planner = _planner(store, MIX, members=2, keeper=keeper)
         planner.issued("x", Plan("ppo", None, False, "test"))
         assert planner.next().algorithm == kept, keeper
