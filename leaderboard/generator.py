@@ -20,9 +20,7 @@ state, hyperparameters):
   algorithm's search space (PBT exploit/explore). Pinned hyperparameters of the
   experiment are never mutated;
 * a round on the leader's pod of its own (``Plan.keeper``) is ``KEEPER_ROUNDS`` rounds
-  long (a long one reports intermediate bests: ``agents.pod.runner.SNAPSHOT_EVERY_S``);
-  every other round while that pod is kept computes ``population.explore_duty`` of
-  its time (``Plan.yields``, ``Initialization.duty``).
+  long (a long one reports intermediate bests: ``agents.pod.runner.SNAPSHOT_EVERY_S``).
 
 Start and stop: the planner derives the population from the store alone, so a
 generator that starts on an existing store (``podracer train --resume``, or a
@@ -171,8 +169,7 @@ class InitializationMaker:
         seed = self.rng.randrange(2**31)
         common = {"experiment": exp.name, "algorithm": algorithm, "env": exp.env,
                   "budget": keeper_budget(exp.round_budget) if plan.keeper else exp.round_budget,
-                  "seed": seed,
-                  "duty": exp.population.explore_duty if plan.yields else 1.0}
+                  "seed": seed}
         parent = plan.parent
         if parent is None:
             # an algorithm's first lineage starts from its tuned defaults; later fresh ones

@@ -210,9 +210,6 @@ class Plan:
     reason: str
     keeper: bool = False
     """A round on the leader's pod of its own (``KEEPER``): ``KEEPER_ROUNDS`` long."""
-    yields: bool = False
-    """A round on an exploring pod while the leader's pod is kept: it computes only
-    ``population.explore_duty`` of its time (``leaderboard.generator``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -366,12 +363,7 @@ class Planner:
         return head.id not in self.busy() and head.init_id not in self._issued
 
     def next(self) -> Plan:
-        """The next round (see the module doc); once the leader's pod is kept, every other
-        round yields (``Plan.yields``)."""
-        plan, keeping = self._next()
-        return dataclasses.replace(plan, yields=True) if keeping and not plan.keeper else plan
-
-    def _next(self) -> tuple[Plan, bool]:
+        """The next round (see the module doc)."""
         self._settle()
         cfg = self.config
         curves = self._curves()
@@ -382,7 +374,6 @@ class Planner:
         shared_pods = first is not None and len(measured) == len(self.mix) > 1 \
             and bool(self._issued)
         keeps = self._kept(first, tally) if shared_pods else None
-        keeping = keeps is not None
         if keeps is not None and not any(r.plan.keeper for r in self._issued.values()):
             # a new leader whose head is busy takes the pod next time; until then the
             # incumbent's lineage goes on there (measured: the pod went to the round
@@ -392,10 +383,10 @@ class Planner:
             if keeper is None and self.incumbent is not None:
                 keeper = self._keeper(self.incumbent)
             if keeper is not None:
-                return keeper, keeping
+                return keeper
         second = self._second_round(curves)
         if second is not None:
-            return second, keeping
+            return second
         weights = exploring(self.mix, curves, cfg.min_share, cfg.episodes, cfg.ready_s) \
             if shared_pods else share
         # an algorithm not measured yet runs one round at a time (HalfCheetah, measured: a
@@ -409,23 +400,23 @@ class Planner:
         family = Family(self.store.top(1_000_000, algorithm=algorithm), cfg.by_steps)
         heads = family.heads
         if not heads:
-            return Plan(algorithm, None, False, "first of its algorithm"), keeping
+            return Plan(algorithm, None, False, "first of its algorithm")
         if self.rng.random() < cfg.explore_p:
-            return Plan(algorithm, None, False, "explore"), keeping
+            return Plan(algorithm, None, False, "explore")
         kept = heads[:cfg.members]
         idle = [h for h in kept if self._idle(h)]
         for head in idle:
             if family.since(head.id) < cfg.ready_s:
-                return Plan(algorithm, head, False, "continue (not ready yet)"), keeping
+                return Plan(algorithm, head, False, "continue (not ready yet)")
         if idle:
             head = idle[0]
             better = [h for h in kept if h.id != head.id
                       and significantly_better(h, head, cfg.episodes, cfg.alpha)]
             if better and not family.improving(head.id, cfg.window, cfg.episodes):
                 return Plan(algorithm, self._pick(better), True,
-                            "replace a lineage that is behind and not improving"), keeping
-            return Plan(algorithm, head, False, "continue"), keeping
-        return Plan(algorithm, self._pick(kept), True, "branch (every lineage busy)"), keeping
+                            "replace a lineage that is behind and not improving")
+            return Plan(algorithm, head, False, "continue")
+        return Plan(algorithm, self._pick(kept), True, "branch (every lineage busy)")
 
     def _kept(self, first: str | None, tally: Mapping[str, tuple[int, int]]) -> str | None:
         """The algorithm whose best lineage keeps the leader's pod: the leader ``first``

@@ -34,12 +34,6 @@ Round semantics (documented here because the pod and the leaderboard rely on the
   result and of each snapshot count the transitions the agent took from the pool over
   that stretch (its own are its ``env_steps``), so each checkpoint records how much of
   its training data was shared.
-* With ``duty`` below 1 (an exploring round beside the leader's pod: ``Initialization.
-  duty``), the round sleeps after every iteration for as long as that iteration took,
-  times ``(1 - duty) / duty``, so it computes about ``duty`` of its wall time and leaves
-  the rest of the CPU to the other pods. Its budget stays in wall seconds (the pod is
-  taken that long), and its ``wall_time`` counts the sleep: an exploring lineage is
-  judged on the pod time it had.
 * ``should_stop()`` returning True (e.g. ``control.stop``) ends the round early; the
   final evaluation still runs so the work is not lost.
 * An evaluation that is not finite means the agent diverged: the round ends, and
@@ -144,15 +138,6 @@ def _budget_left(budget: Budget, steps: int, seconds: float) -> bool:
     if budget.steps is not None and steps >= budget.steps:
         return False
     return budget.seconds is None or seconds < budget.seconds
-
-
-def _yield_cpu(busy: float, duty: float, budget_s: float | None, start: float) -> None:
-    """Sleep ``busy * (1 - duty) / duty`` seconds, never past the round's timed end."""
-    pause = busy * (1.0 - duty) / duty
-    if budget_s is not None:
-        pause = min(pause, max(0.0, start + budget_s - time.monotonic()))
-    if pause > 0.0:
-        time.sleep(pause)
 
 
 class _Evaluations:
@@ -263,7 +248,6 @@ def train_round(
     auto_start_s: float | None = None,
     feed: Feed | None = None,
     eval_seed: int | None = None,
-    duty: float = 1.0,
 ) -> RoundResult:
     """Train ``agent`` on ``env`` until ``budget``, ``target`` or ``should_stop()``; see
     the module doc. ``auto_start_s`` is the first interval of ``eval_every_s="auto"``
@@ -272,9 +256,7 @@ def train_round(
     the last snapshot is that minus the snapshots' own (``pool_rows`` too). ``feed``
     syncs after every iteration (the experience pool's link) and its metrics join the
     iteration's. ``eval_seed`` seeds every evaluation's episodes (``None``: the eval
-    env's own RNG). ``duty`` is the share of the round's time it computes (module doc)."""
-    if not 0.0 < duty <= 1.0:
-        raise ValueError(f"duty must be in (0, 1], got {duty}")
+    env's own RNG)."""
     evals = _Evaluations(agent, eval_env, eval_episodes, eval_every_s, target,
                          snapshot_every_s, auto_start_s, feed, eval_seed, budget.seconds)
     start = evals.start
@@ -284,12 +266,9 @@ def train_round(
         if should_stop is not None and should_stop():
             log.info("round stopped early after %d steps", agent.env_steps - evals.first_steps)
             break
-        began = time.monotonic()
         metrics = agent.train_iteration(env)
         if feed is not None:
             metrics.update(feed.sync())
-        if duty < 1.0:
-            _yield_cpu(time.monotonic() - began, duty, budget.seconds, start)
         score = None
         if evals.due():
             final = evals.run()

@@ -73,8 +73,6 @@ class RoundJob:
     """Explore on ``seed``, not on the parent's RNG state (a child of a checkpoint)."""
     target: float | None = None
     """End the round as soon as an evaluation reaches it."""
-    duty: float = 1.0
-    """Share of the round's time it computes (``Initialization.duty``; ``train_round``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,8 +213,7 @@ class RoundRunner:
                                  snapshot_every_s=self.config.snapshot_every_s,
                                  auto_start_s=self._eval_every.get(job.env),
                                  feed=link,
-                                 eval_seed=job.seed if self.config.seeded_eval else None,
-                                 duty=job.duty)
+                                 eval_seed=job.seed if self.config.seeded_eval else None)
         except BaseException as exc:
             for env in [*envs, eval_env]:  # mid-episode state of a failed round: rebuild
                 env.close()

@@ -125,8 +125,7 @@ class Pod:
         return RoundJob(resolved=resolve(self.registry, init.algorithm, init.hparams),
                         env=init.env, seed=init.seed, budget=capped(init.budget), state=init.state,
                         replay=self.cache.get(init.parent_id) if child else None,
-                        own_rng=child, target=self.ctx.settings.experiment.target_score,
-                        duty=init.duty)
+                        own_rng=child, target=self.ctx.settings.experiment.target_score)
 
     def _report(self, loop: asyncio.AbstractEventLoop, chain: Chain
                 ) -> Callable[[Progress], None]:

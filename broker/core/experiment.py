@@ -26,7 +26,6 @@ from broker.core.experiment_specs import (
     check_keeper,
     default_round_budget,
 )
-from broker.core.fields import MIN_DUTY
 from broker.core.schemas import Budget, Scalar
 from broker.core.spaces import Spaces, parse_spaces
 from broker.core.toml_table import Table
@@ -249,8 +248,7 @@ def _population(table: Table) -> PopulationSpec:
         members=table.required_integer("members", 0, 0),
         ready_s=table.required_number("ready_s", 0.0, 0.0, math.inf),
         min_share=table.required_number("min_share", 0.15, 0.0, 1.0),
-        keeper=table.string("keeper", KEEPERS[0]),
-        explore_duty=table.required_number("explore_duty", 1.0, MIN_DUTY, 1.0))
+        keeper=table.string("keeper", KEEPERS[0]))
     check_keeper(spec.keeper)
     table.finish()
     return spec

@@ -84,10 +84,6 @@ class PopulationSpec:
     than one pod): ``best``, the algorithm of the best checkpoint; ``leader``, the
     algorithm that leads at equal training; ``near``, that leader while its best is near
     the best checkpoint, else the best checkpoint's (``leaderboard.population``)."""
-    explore_duty: float = 1.0
-    """Share of its pod's time an exploring round computes while the leader's pod is kept
-    (more than one pod); it sleeps the rest between iterations, so the kept lineage gets
-    more of the machine (``Initialization.duty``). 1: no sleep."""
 
 
 MIN_ROUND_S = 10.0

@@ -32,8 +32,6 @@ Seconds = Annotated[float, "seconds"]
 """A duration in ``[0, MAX_SECONDS]``."""
 Score = Annotated[float, "score"]
 """An evaluation score: finite, ``|x| <= MAX_SCORE``."""
-Duty = Annotated[float, "duty"]
-"""A share of a pod's time: a number in ``[MIN_DUTY, 1]``."""
 
 MAX_COUNT = 2**53
 """Counts above this are refused: summed in SQLite's signed 64-bit integers they cannot
@@ -44,9 +42,6 @@ MAX_SECONDS = 1e7
 """About 115 days: no round or run of one message lasts longer."""
 MAX_SCORE = 1e15
 """No environment's return is larger; 1e308 only breaks charts and sums."""
-MIN_DUTY = 0.05
-"""Least ``Duty``: a round that computes a twentieth of its time still learns something;
-zero would be a round that never ends its first iteration's sleep."""
 MAX_TEXT = 1024
 """Longest free-text field (an env name, a reason)."""
 MAX_KEYS = 1024
@@ -156,7 +151,6 @@ def _is_curve(v: Any) -> bool:
 _is_epoch = _within(0.0, MAX_EPOCH)
 _is_seconds = _within(0.0, MAX_SECONDS)
 _is_score = _within(-MAX_SCORE, MAX_SCORE)
-_is_duty = _within(MIN_DUTY, 1.0)
 
 
 def _to_curve(v: list[Any]) -> list[tuple[float, float, int]]:
@@ -196,7 +190,6 @@ RULES: dict[Any, Rule] = {
     Epoch: Rule(_is_epoch, f"epoch seconds in [0, {MAX_EPOCH:.0f}]"),
     Seconds: Rule(_is_seconds, f"seconds in [0, {MAX_SECONDS:g}]"),
     Score: Rule(_is_score, f"a finite number with |x| <= {MAX_SCORE:g}"),
-    Duty: Rule(_is_duty, f"a number in [{MIN_DUTY:g}, 1]"),
     dict[str, Scalar]: Rule(_is_scalar_map, f"a map of at most {MAX_KEYS} finite scalars "
                              f"(keys: 1-64 printable ASCII characters without spaces; "
                              f"strings: at most 256 characters without control characters)"),

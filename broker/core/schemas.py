@@ -28,7 +28,6 @@ from broker.core.fields import (
     MAX_COUNT,
     RULES,
     Count,
-    Duty,
     Epoch,
     Rule,
     Scalar,
@@ -39,16 +38,14 @@ from broker.core.fields import (
     get,
 )
 
-__all__ = ["Count", "Duty", "Epoch", "Scalar", "Score", "Seconds", "TensorDict", "Token"]
+__all__ = ["Count", "Epoch", "Scalar", "Score", "Seconds", "TensorDict", "Token"]
 
 SCHEMA_VERSION = 2
 """2: ``Initialization`` and ``Checkpoint`` may carry ``state_ref`` (a build that reads 1
 would ignore it and train a continuing lineage from scratch, so 1 is refused).
 
 Optional fields added within 2 (a build without them ignores them and loses only a
-statistic or a share of the CPU, so the version stays and mixed builds interoperate):
-``Checkpoint.pool_rows``; ``Initialization.duty`` (a build without it computes the whole
-round: the round's result is as valid, the leader's pod only runs slower beside it).
+statistic, so the version stays and mixed builds interoperate): ``Checkpoint.pool_rows``.
 A field whose loss would change what a receiver does needs a new version."""
 T = TypeVar("T")
 
@@ -120,10 +117,6 @@ class Initialization(Message):
     """Where ``state`` is (or was read from): a packed tensor map in the blob store."""
     parent_id: Token | None = None
     generation: Count = 0
-    duty: Duty = 1.0
-    """Share of its pod's time the round computes; it sleeps the rest between iterations,
-    leaving the CPU to the leader's pod (``population.explore_duty``; added within
-    schema 2, optional: see ``SCHEMA_VERSION``)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

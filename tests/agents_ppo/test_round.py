@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -202,29 +200,3 @@ def test_an_intermediate_evaluation_that_is_no_best_waits_a_full_interval(
     timed = train_round(agent, env, eval_env, Budget(seconds=100.0), eval_every_s="auto",
                         eval_episodes=2, snapshot_every_s=25.0, feed=clock)
     assert [round(t) for t, _, _ in timed.curve] == [30, 60, 100]
-
-
-def test_a_round_below_full_duty_sleeps_its_share_between_iterations(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    torch.set_num_threads(1)
-    env, eval_env = make_env("torch/Pendulum-v1", 8), make_env("torch/Pendulum-v1", 4)
-    agent = build_agent(default_registry(), "ppo", config_to_hparams(SMALL), env, CPU, 0)
-    pauses: list[float] = []
-    sleep = time.sleep
-
-    def recorded(seconds: float) -> None:
-        pauses.append(seconds)
-        sleep(seconds)
-
-    monkeypatch.setattr(time, "sleep", recorded)
-    full = train_round(agent, env, eval_env, Budget(steps=128), eval_episodes=2)
-    assert full.env_steps == 128 and pauses == []  # full duty: no sleep
-    result = train_round(agent, env, eval_env, Budget(seconds=1.0), eval_episodes=2,
-                         duty=0.25)
-    # a pause after each iteration, three times the iteration (duty 1/4), never past the
-    # round's end: the round slept most of its second (its final evaluation computes)
-    assert len(pauses) >= 1 and sum(pauses) <= 1.0
-    busy = result.wall_time - sum(pauses)
-    assert sum(pauses) > busy, (pauses, result.wall_time)
-    with pytest.raises(ValueError, match="duty"):
-        train_round(agent, env, eval_env, Budget(steps=1), duty=0.0)

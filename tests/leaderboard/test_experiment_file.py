@@ -68,7 +68,6 @@ def test_defaults_of_a_minimal_file() -> None:
     (with_(pods=-1), r"pods: must be >= 0"),
     (with_(pods=2.5), r"pods: expected an integer"),
     (with_(explore_p=1.5), r"explore_p: must be in \[0.0, 1.0\]"),
-    (with_(population={"explore_duty": 0.0}), r"population\.explore_duty: must be in"),
     (with_(target_score=float("nan")), r"target_score: expected a finite number"),
     (with_(name="bad name!"), r"name: 'bad name!' is not a valid experiment name"),
     # ``$`` matched before a trailing newline: the name namespaces broker names

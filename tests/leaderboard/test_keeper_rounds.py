@@ -28,18 +28,3 @@ def test_a_keepers_round_is_several_rounds_long(tmp_path: Path) -> None:
     assert shared.budget == exp.round_budget
     assert kept.budget == keeper_budget(exp.round_budget)
 
-
-
-def test_a_round_beside_the_kept_pod_carries_the_explore_duty(tmp_path: Path) -> None:
-    exp = default_experiment("torch/Pendulum-v1", total_budget={"seconds": 300},
-                             **{"population.explore_duty": 0.5})
-    assert exp.population.explore_duty == 0.5
-    with LeaderboardStore(tmp_path) as store:
-        maker = InitializationMaker(exp, default_registry(), default_strategies(), store,
-                                    random.Random(0))
-        kept = maker._build(Plan("ppo", None, False, KEEPER, keeper=True))
-        yielding = maker._build(Plan("ppo", None, False, "continue", yields=True))
-        alone = maker._build(Plan("ppo", None, False, "first of its algorithm"))
-    assert (kept.duty, yielding.duty, alone.duty) == (1.0, 0.5, 1.0)
-    # the default computes all the time
-    assert default_experiment("torch/Pendulum-v1").population.explore_duty == 1.0

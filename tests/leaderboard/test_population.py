@@ -563,22 +563,6 @@ def test_the_leaders_pod_goes_to_the_leader_or_to_the_best_checkpoint(
         and plan.parent.id == {"sac": "s1", "td3": "t1"}[kept]
 
 
-def test_rounds_beside_the_kept_pod_yield_and_none_before(store: LeaderboardStore) -> None:
-    # before every algorithm is measured nothing is kept: no round yields
-    _curve(store, "sac", [-107.0, 223.0], wall=21.0)
-    planner = _planner(store, MIX, members=2)
-    assert not planner.next().yields
-    _curve(store, "td3", [568.0, 890.0, 1118.0], wall=21.0)
-    _curve(store, "ppo", [-119.0, 775.0, 970.0], wall=23.0)
-    planner = _planner(store, MIX, members=2)
-    planner.issued("x", Plan("ppo", None, False, "test"))  # the other pod is busy
-    kept = planner.next()
-    assert kept.keeper and not kept.yields
-    planner.issued("k", kept)
-    explore = planner.next()
-    assert explore.yields and not explore.keeper
-
-
 def test_an_unknown_keeper_names_the_field() -> None:
     with pytest.raises(ConfigError, match=r"population\.keeper"):
         PopulationConfig(keeper="fastest")
