@@ -82,6 +82,7 @@ TOURNAMENTS: dict[str, Mapping[str, Any]] = {
     "tournament-keepbest": {"population.keeper": "best"},
     "tournament-keepnear": {"population.keeper": "near"},
     "tournament-warmnewest": {"pool_warm_from": "newest"},
+    "tournament-keeperown": {"pool_keeper": False},
 }
 """The tournament rows: the default ``podracer train``, and the same with one experiment
 override (``Experiment.with_overrides`` keys): without the shared experience pool (the
@@ -89,7 +90,8 @@ ablation), and with each member keeping at least half or three quarters of its r
 intake its own (``pool_own_share``), and with the leader's pod kept by the leader at
 equal training, by the best checkpoint's algorithm, or by the leader near the best
 (``population.keeper``), and with a fresh member's warm start from the newest pool rows
-whoever wrote them (``pool_warm_from``; the default takes off-policy rows first); the
+whoever wrote them (``pool_warm_from``; the default takes off-policy rows first), and
+with the leader's kept lineage learning from its own data only (``pool_keeper``); the
 rows keep their meaning whatever the default)."""
 MEASURE_SEED = 54_321
 """Seeds of a lone agent's claim measurements (``measure_claim``), apart from ``EVAL_SEED``."""

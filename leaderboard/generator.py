@@ -20,7 +20,9 @@ state, hyperparameters):
   algorithm's search space (PBT exploit/explore). Pinned hyperparameters of the
   experiment are never mutated;
 * a round on the leader's pod of its own (``Plan.keeper``) is ``KEEPER_ROUNDS`` rounds
-  long (a long one reports intermediate bests: ``agents.pod.runner.SNAPSHOT_EVERY_S``).
+  long (a long one reports intermediate bests: ``agents.pod.runner.SNAPSHOT_EVERY_S``)
+  and, with ``pool_keeper = false``, learns from its own data only (``Initialization.
+  pooled``).
 
 Start and stop: the planner derives the population from the store alone, so a
 generator that starts on an existing store (``podracer train --resume``, or a
@@ -169,7 +171,7 @@ class InitializationMaker:
         seed = self.rng.randrange(2**31)
         common = {"experiment": exp.name, "algorithm": algorithm, "env": exp.env,
                   "budget": keeper_budget(exp.round_budget) if plan.keeper else exp.round_budget,
-                  "seed": seed}
+                  "seed": seed, "pooled": exp.pool_keeper or not plan.keeper}
         parent = plan.parent
         if parent is None:
             # an algorithm's first lineage starts from its tuned defaults; later fresh ones

@@ -137,7 +137,9 @@ class PoolLink:
 
     def __init__(self, pool: ExperiencePool, agent: Agent, envs: list[RecordingEnv],
                  own_share: float = DEFAULT_POOL_OWN_SHARE,
-                 warm_from: str = POOL_WARM_FROM[0]) -> None:
+                 warm_from: str = POOL_WARM_FROM[0], learn: bool = True) -> None:
+        """``learn=False``: the round's rows still go to the pool, tagged, but its agent
+        takes none (``Initialization.pooled``)."""
         if not 0.0 < own_share <= 1.0:
             raise ConfigError("pool_own_share", f"must be in (0, 1], got {own_share}",
                               "e.g. 0.5: half of what enters a buffer is the member's own")
@@ -149,8 +151,8 @@ class PoolLink:
         learners = learners_of(agent)
         for env in envs:
             env.off_policy = bool(learners)
-        self.learners = [a for a in learners
-                         if to_agent_scale(a, torch.zeros(1, pool.action.shape[1])) is not None]
+        self.learners = [a for a in learners if learn
+                         and to_agent_scale(a, torch.zeros(1, pool.action.shape[1])) is not None]
         self.readers = [PoolReader(pool, writer) for _ in self.learners]
         self.warm_rows = 0
         """Rows the round started from (an empty buffer filled from the pool)."""
@@ -198,12 +200,13 @@ def record_envs(pool: ExperiencePool | None, env_name: str, agent_envs: list[Vec
 
 
 def link_agent(pool: ExperiencePool | None, agent: Agent, envs: list[VecEnv],
-               own_share: float, warm_from: str) -> PoolLink | None:
-    """The round's ``PoolLink`` when ``record_envs`` wrapped its envs, else ``None``."""
+               own_share: float, warm_from: str, learn: bool = True) -> PoolLink | None:
+    """The round's ``PoolLink`` when ``record_envs`` wrapped its envs, else ``None``;
+    ``learn=False``: it only tags what the round writes (``PoolLink``)."""
     recording = [env for env in envs if isinstance(env, RecordingEnv)]
     if pool is None or not recording:
         return None
-    return PoolLink(pool, agent, recording, own_share, warm_from)
+    return PoolLink(pool, agent, recording, own_share, warm_from, learn)
 
 
 def unwrap(env: VecEnv) -> VecEnv:

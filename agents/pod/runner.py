@@ -73,6 +73,9 @@ class RoundJob:
     """Explore on ``seed``, not on the parent's RNG state (a child of a checkpoint)."""
     target: float | None = None
     """End the round as soon as an evaluation reaches it."""
+    pooled: bool = True
+    """Learn from the experience pool's rows too (``Initialization.pooled``); the round
+    writes to the pool either way."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,7 +208,7 @@ class RoundRunner:
             raise fault_of(exc, unknown=Fault.MESSAGE) from None
         try:
             link = link_agent(self.config.pool, agent, envs, self.config.pool_own_share,
-                              self.config.pool_warm_from)
+                              self.config.pool_warm_from, learn=job.pooled)
             result = train_round(agent, envs[0], eval_env, job.budget,
                                  eval_every_s=self.config.eval_every_s, on_progress=report,
                                  should_stop=should_stop,

@@ -111,6 +111,9 @@ class Experiment:
     """Least share of a member's new data that is its own (``agents.pod.pool_link``)."""
     pool_warm_from: str = POOL_WARM_FROM[0]
     """Which pool rows an empty buffer starts from: one of ``POOL_WARM_FROM``."""
+    pool_keeper: bool = True
+    """The leader's kept lineage (``leaderboard.population``, ``KEEPER``) learns from the
+    pool too; ``false``: from its own data only, while it still writes to the pool."""
     tracking: tuple[str, ...] = ("tensorboard",)
     """Where ``podracer train`` logs metrics and hyperparameters: any of ``TRACKERS``."""
     env_kwargs: Mapping[str, Scalar] = dataclasses.field(default_factory=dict)
@@ -138,7 +141,7 @@ class Experiment:
             "eval_episodes": self.eval_episodes, "device": self.device, "seed": self.seed,
             "learners": self.learners, "experience_pool": self.experience_pool,
             "pool_mib": self.pool_mib, "pool_own_share": self.pool_own_share,
-            "pool_warm_from": self.pool_warm_from,
+            "pool_warm_from": self.pool_warm_from, "pool_keeper": self.pool_keeper,
             "tracking": list(self.tracking),
             "selection": {"name": self.selection.name, **self.selection.params},
             "population": dataclasses.asdict(self.population),
@@ -404,6 +407,7 @@ def parse_experiment(data: Mapping[str, Any], check: Check | None = None) -> Exp
         pool_own_share=top.number("pool_own_share", DEFAULT_POOL_OWN_SHARE, 0.0, 1.0,
                                   positive=True) or DEFAULT_POOL_OWN_SHARE,
         pool_warm_from=checked_pool_warm_from(top.string("pool_warm_from", POOL_WARM_FROM[0])),
+        pool_keeper=top.boolean("pool_keeper", True),
         tracking=_tracking(top.raw("tracking", ["tensorboard"])),
         env_kwargs=_env_kwargs(top.table("env_kwargs")),
         reproducible=top.boolean("reproducible", False),

@@ -45,7 +45,9 @@ SCHEMA_VERSION = 2
 would ignore it and train a continuing lineage from scratch, so 1 is refused).
 
 Optional fields added within 2 (a build without them ignores them and loses only a
-statistic, so the version stays and mixed builds interoperate): ``Checkpoint.pool_rows``.
+statistic or a measured refinement, so the version stays and mixed builds interoperate):
+``Checkpoint.pool_rows``; ``Initialization.pooled`` (a build without it feeds every
+round from the pool, as before it existed: the round's result is as valid).
 A field whose loss would change what a receiver does needs a new version."""
 T = TypeVar("T")
 
@@ -117,6 +119,10 @@ class Initialization(Message):
     """Where ``state`` is (or was read from): a packed tensor map in the blob store."""
     parent_id: Token | None = None
     generation: Count = 0
+    pooled: bool = True
+    """The round learns from the experience pool's rows too; ``False``: from its own data
+    only (the leader's kept lineage with ``pool_keeper = false``; added within schema 2,
+    optional: see ``SCHEMA_VERSION``). It writes to the pool either way."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

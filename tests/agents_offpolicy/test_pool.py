@@ -172,7 +172,7 @@ def test_ppo_rollouts_feed_the_pool_with_final_obs_and_terminations_apart() -> N
 
 
 def _linked_sac(others: int, own_share: float, off_policy_others: int = 0,
-                warm_from: str = "off-policy"
+                warm_from: str = "off-policy", learn: bool = True
                 ) -> tuple[ExperiencePool, SACAgent, RecordingEnv, PoolLink]:
     """A fresh SAC member (buffer of 500) linked to a pool where other writers already
     wrote ``off_policy_others`` rows of off-policy learners, then ``others`` rows of an
@@ -185,7 +185,8 @@ def _linked_sac(others: int, own_share: float, off_policy_others: int = 0,
     env = ScriptedEnv(4)
     env.single_action_space = ACT
     recording = RecordingEnv(env, pool, writer=pool.new_writer())
-    return pool, agent, recording, PoolLink(pool, agent, [recording], own_share, warm_from)
+    return pool, agent, recording, PoolLink(pool, agent, [recording], own_share, warm_from,
+                                            learn)
 
 
 def test_an_off_policy_member_starts_from_the_pool_and_keeps_its_own_share() -> None:
@@ -199,6 +200,18 @@ def test_an_off_policy_member_starts_from_the_pool_and_keeps_its_own_share() -> 
     assert metrics["pool/ingested"] == 312 and metrics["pool/skipped"] == 88
     # actions stored in the agent's scale: env action a in [-2, 2] -> a / 2
     assert torch.allclose(agent.buffer.action[304:316, 0], torch.arange(388, 400) / 2000)
+
+
+def test_a_round_that_does_not_learn_from_the_pool_still_writes_to_it_tagged() -> None:
+    pool, agent, recording, link = _linked_sac(300, own_share=0.25, learn=False)
+    assert link.warm_rows == 0 and len(agent.buffer) == 0  # no warm start either
+    _write(pool, 300, 100, writer=9)
+    agent.train_iteration(recording)  # type: ignore[arg-type]
+    metrics = link.sync()
+    assert len(agent.buffer) == 4 and link.pool_rows == 0  # its own 4 rows only
+    assert metrics["pool/ingested"] == 0 and metrics["pool/share_of_data"] == 0.0
+    newest = pool.newest(4)
+    assert len(newest) == 4 and bool(newest.off_policy.all())  # written, as off-policy
 
 
 def test_actions_map_to_each_consumer_scale() -> None:

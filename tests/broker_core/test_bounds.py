@@ -64,9 +64,13 @@ def test_initialization_and_stop_are_bounded_too() -> None:
     init = Initialization(experiment=EXP, algorithm="ppo", env="e", hparams={},
                           budget=Budget(steps=1), seed=0).to_wire()
     for bad in ({"generation": -1}, {"budget": {"steps": 2**62, "seconds": None}},
-                {"hparams": {"a b": 1}}):
+                {"hparams": {"a b": 1}}, {"pooled": 1}, {"pooled": "false"}):
         with pytest.raises(SchemaError, match=next(iter(bad))):
             from_wire({**init, **bad}, expect=Initialization)
+    # a build without ``pooled`` feeds the round from the pool: optional within 2
+    assert from_wire({k: v for k, v in init.items() if k != "pooled"},
+                     expect=Initialization).pooled is True
+    assert from_wire({**init, "pooled": False}, expect=Initialization).pooled is False
     stop = Stop(experiment=EXP, reason="x").to_wire()
     with pytest.raises(SchemaError, match="reason"):
         from_wire({**stop, "reason": "over\nCRITICAL forged"}, expect=Stop)

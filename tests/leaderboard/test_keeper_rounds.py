@@ -28,3 +28,16 @@ def test_a_keepers_round_is_several_rounds_long(tmp_path: Path) -> None:
     assert shared.budget == exp.round_budget
     assert kept.budget == keeper_budget(exp.round_budget)
 
+
+
+def test_the_kept_lineage_learns_from_its_own_data_only_with_pool_keeper_false(
+        tmp_path: Path) -> None:
+    for pool_keeper in (True, False):
+        exp = default_experiment("torch/Pendulum-v1", total_budget={"seconds": 300},
+                                 pool_keeper=pool_keeper)
+        with LeaderboardStore(tmp_path / str(pool_keeper)) as store:
+            maker = InitializationMaker(exp, default_registry(), default_strategies(), store,
+                                        random.Random(0))
+            kept = maker._build(Plan("ppo", None, False, KEEPER, keeper=True))
+            shared = maker._build(Plan("ppo", None, False, "first of its algorithm"))
+        assert (kept.pooled, shared.pooled) == (pool_keeper, True)
