@@ -151,8 +151,9 @@ class PoolLink:
         learners = learners_of(agent)
         for env in envs:
             env.off_policy = bool(learners)
-        self.learners = [a for a in learners if learn
-                         and to_agent_scale(a, torch.zeros(1, pool.action.shape[1])) is not None]
+        self.learners = [a for a in learners
+                         if to_agent_scale(a, torch.zeros(1, pool.action.shape[1])) is not None
+                         ] if learn else []
         self.readers = [PoolReader(pool, writer) for _ in self.learners]
         self.warm_rows = 0
         """Rows the round started from (an empty buffer filled from the pool)."""

@@ -101,6 +101,10 @@ def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _is_bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
 def is_count(v: Any) -> bool:
     return is_int(v) and 0 <= v <= MAX_COUNT
 
@@ -185,7 +189,7 @@ RULES: dict[Any, Rule] = {
     Token: Rule(_is_token, _TOKEN_WANT),
     Token | None: Rule(_is_opt_token, _TOKEN_WANT + " or nil"),
     int: Rule(is_int, "an integer"),
-    bool: Rule(lambda v: isinstance(v, bool), "true or false"),
+    bool: Rule(_is_bool, "true or false"),
     Count: Rule(is_count, f"an integer in [0, {MAX_COUNT}]"),
     float: Rule(is_finite, "a finite number"),
     Epoch: Rule(_is_epoch, f"epoch seconds in [0, {MAX_EPOCH:.0f}]"),
