@@ -14,7 +14,8 @@ machine). Rows:
   leader at equal training, by the best checkpoint's algorithm, or by the leader while
   its best is near the best checkpoint (``population.keeper``); ``tournament-warmnewest``:
   with a fresh member's warm start from the newest pool rows, not off-policy rows first
-  (``pool_warm_from``; ``tournament_runs.TOURNAMENTS``). Each
+  (``pool_warm_from``); ``tournament-samepod``: with a new keeper waiting for the kept
+  pod's long round to end (``population.handover``; ``tournament_runs.TOURNAMENTS``). Each
   tournament run also prints the share of training data that came from the pool
   (``Checkpoint.pool_rows``; a mean over checkpoints): of the best checkpoint's lineage,
   of every member, and per algorithm (0 without the pool).
@@ -66,7 +67,8 @@ Plans (rows x seeds):
 
 * default: ``--tasks`` x ``--methods`` x ``--seeds``, adjusted by ``--task-seeds``
   (``pendulum=3,halfcheetah=1,halfcheetah/sac=3``; 0 drops a row).
-* ``--plan minimum``: Pendulum every row 3 seeds; HalfCheetah ``tournament``,
+* ``--plan minimum``: Pendulum ``tournament`` and the best tuned lone agent (``ppo``) 10
+  seeds, every other row 3; HalfCheetah ``tournament``,
   ``tournament-nopool`` and the best tuned lone agent (``sac``) 3 seeds, every other row
   1 seed; Hopper the same three rows 3 seeds and ``sb3-sac`` 1, nothing else.
   ``--tasks``/``--methods`` filter it.
@@ -130,7 +132,10 @@ OUT = Path("runs/bench-tournament")
 Plan = dict[str, dict[str, int]]
 """task -> method -> seeds."""
 MINIMUM_PLAN: Plan = {
-    "pendulum": dict.fromkeys(METHODS, 3),
+    # a Pendulum run takes about 10 s, and 3 seeds swung the tournament from 1.29x the
+    # lone PPO's time to 0.89x at 10 seeds (one day, same code: a refuted claim or two
+    # moves a run by seconds); its two deciding rows get 10
+    "pendulum": {**dict.fromkeys(METHODS, 3), "tournament": 10, "ppo": 10},
     "halfcheetah": {**dict.fromkeys(METHODS, 1), "tournament": 3, "tournament-nopool": 3,
                     "sac": 3},
     "hopper": {"tournament": 3, "tournament-nopool": 3, "sac": 3, "sb3-sac": 1},

@@ -83,6 +83,7 @@ TOURNAMENTS: dict[str, Mapping[str, Any]] = {
     "tournament-keepnear": {"population.keeper": "near"},
     "tournament-warmnewest": {"pool_warm_from": "newest"},
     "tournament-keeperown": {"pool_keeper": False},
+    "tournament-samepod": {"population.handover": "same-pod"},
 }
 """The tournament rows: the default ``podracer train``, and the same with one experiment
 override (``Experiment.with_overrides`` keys): without the shared experience pool (the
@@ -91,8 +92,9 @@ intake its own (``pool_own_share``), and with the leader's pod kept by the leade
 equal training, by the best checkpoint's algorithm, or by the leader near the best
 (``population.keeper``), and with a fresh member's warm start from the newest pool rows
 whoever wrote them (``pool_warm_from``; the default takes off-policy rows first), and
-with the leader's kept lineage learning from its own data only (``pool_keeper``); the
-rows keep their meaning whatever the default)."""
+with the leader's kept lineage learning from its own data only (``pool_keeper``), and
+with a new keeper waiting for the kept pod (``population.handover``); the rows keep
+their meaning whatever the default)."""
 MEASURE_SEED = 54_321
 """Seeds of a lone agent's claim measurements (``measure_claim``), apart from ``EVAL_SEED``."""
 T = TypeVar("T")
@@ -164,11 +166,26 @@ class RunResult:
     """The run raised: no figures; left out of the statistics."""
 
 
+def _exit_with(parent: int) -> None:
+    """In the run's process: end it as soon as ``parent`` (the benchmark) is gone.
+
+    A benchmark stopped by a signal does not stop its run (a spawned process's command
+    line is ``multiprocessing.spawn``, which ``pkill -f benchmarks.tournament`` misses):
+    measured, one kept training for six minutes and disturbed the next measurement."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-benchmark").start()
+
+
 def in_subprocess(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``fn(*args, **kwargs)`` in a fresh spawned process, alone; its exception is
-    re-raised here."""
+    """``fn(*args, **kwargs)`` in a fresh spawned process, alone, that ends when this one
+    does; its exception is re-raised here."""
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context, initializer=_exit_with,
+                                                initargs=(os.getpid(),)) as pool:
         return pool.submit(fn, *args, **kwargs).result()
 
 

@@ -62,7 +62,13 @@ weights, so the score curve runs on through it), on an axis of training seconds
    gap, as a lone pod would. A new leader whose head is busy on another pod takes the
    pod next time; meanwhile the last leader's lineage goes on there (measured: the pod
    went to the round robin, and the last leader's best lineage, at 3720, had no round
-   in the last 60 s). The leader's pod trains
+   in the last 60 s). A new keeper whose best head is idle while the last keeper's long
+   round runs takes the next pod that frees up (``handover = "next-pod"``, the
+   default); the last keeper's round runs out and its pod explores. Measured on
+   HalfCheetah with ``"same-pod"`` (it waits for the kept pod): SAC's lineage, holding
+   the best checkpoint at 3781 from 104 s, waited 67 s while TD3's 60 s round ran on the
+   kept pod and the other pod ran PPO's floor and two rounds of a TD3 branch; the run
+   ended at 5088. The leader's pod trains
    in rounds ``KEEPER_ROUNDS`` long (the pod waits for the updater's measurement
    of a round's checkpoint before it can continue it: once per long round). When that
    lineage has collapsed, fallen below the algorithm's best checkpoint significantly
@@ -117,7 +123,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from broker.core.errors import ConfigError
-from broker.core.experiment_specs import KEEPERS, check_keeper
+from broker.core.experiment_specs import HANDOVERS, KEEPERS, check_handover, check_keeper
 from leaderboard.curves import Curve, cost, exploring, leader, pairs, shares, slope
 from leaderboard.selection import SelectionStrategy, ranked, significantly_better
 from leaderboard.store import Entry, LeaderboardStore
@@ -168,6 +174,9 @@ class PopulationConfig:
     """Whose best lineage keeps a pod of its own: the algorithm of the ``best``
     checkpoint, or the ``leader`` at equal training
     (``broker.core.experiment_specs.PopulationSpec``)."""
+    handover: str = HANDOVERS[0]
+    """When another algorithm is to keep a pod while the last keeper's long round runs:
+    at the next free pod (``next-pod``) or once that round ends (``same-pod``)."""
     explore_p: float = 0.0
     """Probability that a round starts a fresh lineage with sampled hyperparameters."""
     window: int = 4
@@ -189,6 +198,7 @@ class PopulationConfig:
         if not 0.0 <= self.min_share <= 1.0:
             raise ConfigError("population.min_share", f"must be in [0, 1], got {self.min_share}")
         check_keeper(self.keeper)
+        check_handover(self.handover)
         if not 0.0 <= self.explore_p <= 1.0:
             raise ConfigError("explore_p", f"must be in [0, 1], got {self.explore_p}")
         if self.window < 2:
@@ -374,16 +384,9 @@ class Planner:
         shared_pods = first is not None and len(measured) == len(self.mix) > 1 \
             and bool(self._issued)
         keeps = self._kept(first, tally) if shared_pods else None
-        if keeps is not None and not any(r.plan.keeper for r in self._issued.values()):
-            # a new leader whose head is busy takes the pod next time; until then the
-            # incumbent's lineage goes on there (measured: the pod went to the round
-            # robin, and the incumbent's best lineage, at 3720, had no round in the last
-            # 60 s)
-            keeper = self._keeper(keeps)
-            if keeper is None and self.incumbent is not None:
-                keeper = self._keeper(self.incumbent)
-            if keeper is not None:
-                return keeper
+        keeper = self._keeper_round(keeps) if keeps is not None else None
+        if keeper is not None:
+            return keeper
         second = self._second_round(curves)
         if second is not None:
             return second
@@ -435,6 +438,21 @@ class Planner:
             if top[0].score_mean - own <= RETURN_DROP * abs(top[0].score_mean):
                 return leads
         return top[0].algorithm
+
+    def _keeper_round(self, keeps: str) -> Plan | None:
+        """The round of the pod ``keeps``'s best lineage is to keep, if one is due now."""
+        keeping = {r.plan.algorithm for r in self._issued.values() if r.plan.keeper}
+        if keeps in keeping:
+            return None
+        if keeping:  # the last keeper's long round runs
+            return self._keeper(keeps) if self.config.handover == "next-pod" else None
+        # a new leader whose head is busy takes the pod next time; until then the
+        # incumbent's lineage goes on there (measured: the pod went to the round robin,
+        # and the incumbent's best lineage, at 3720, had no round in the last 60 s)
+        keeper = self._keeper(keeps)
+        if keeper is None and self.incumbent is not None:
+            keeper = self._keeper(self.incumbent)
+        return keeper
 
     def _second_round(self, curves: Mapping[str, Curve | None]) -> Plan | None:
         """The second round of an algorithm's first lineage, once its first is back and

@@ -18,11 +18,13 @@ from typing import Any
 
 from broker.core.errors import ConfigError
 from broker.core.experiment_specs import (
+    HANDOVERS,
     KEEPERS,
     MutationConfig,
     PopulationSpec,
     SelectionSpec,
     TotalBudget,
+    check_handover,
     check_keeper,
     default_round_budget,
 )
@@ -251,8 +253,10 @@ def _population(table: Table) -> PopulationSpec:
         members=table.required_integer("members", 0, 0),
         ready_s=table.required_number("ready_s", 0.0, 0.0, math.inf),
         min_share=table.required_number("min_share", 0.15, 0.0, 1.0),
-        keeper=table.string("keeper", KEEPERS[0]))
+        keeper=table.string("keeper", KEEPERS[0]),
+        handover=table.string("handover", HANDOVERS[0]))
     check_keeper(spec.keeper)
+    check_handover(spec.handover)
     table.finish()
     return spec
 

@@ -65,6 +65,17 @@ def check_keeper(keeper: str) -> None:
                           f"use one of {', '.join(KEEPERS)}")
 
 
+HANDOVERS = ("next-pod", "same-pod")
+"""The values of ``PopulationSpec.handover``, the default first."""
+
+
+def check_handover(handover: str) -> None:
+    """Refuse a ``population.handover`` that is not one of ``HANDOVERS``."""
+    if handover not in HANDOVERS:
+        raise ConfigError("population.handover", f"unknown handover {handover!r}",
+                          f"use one of {', '.join(HANDOVERS)}")
+
+
 @dataclasses.dataclass(frozen=True)
 class PopulationSpec:
     """How the generator shares rounds between algorithms and lineages
@@ -84,6 +95,11 @@ class PopulationSpec:
     than one pod): ``best``, the algorithm of the best checkpoint; ``leader``, the
     algorithm that leads at equal training; ``near``, that leader while its best is near
     the best checkpoint, else the best checkpoint's (``leaderboard.population``)."""
+    handover: str = HANDOVERS[0]
+    """When another algorithm's lineage is to keep a pod while the last keeper's long
+    round runs: ``next-pod``, its idle best head takes the next pod that frees up (the
+    last keeper's round runs out and its pod explores); ``same-pod``, it waits for the
+    kept pod (``leaderboard.population``)."""
 
 
 MIN_ROUND_S = 10.0

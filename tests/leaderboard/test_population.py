@@ -547,6 +547,39 @@ def test_a_new_leader_whose_head_is_busy_leaves_the_pod_to_the_incumbent(
         and held.parent.id == "sac2"
 
 
+@pytest.mark.parametrize("handover", ["next-pod", "same-pod"])
+def test_a_new_best_takes_the_next_free_pod_while_the_last_keepers_round_runs(
+        store: LeaderboardStore, handover: str) -> None:
+    # measured (same-pod): SAC's lineage, holding the best checkpoint at 3781, waited 67 s
+    # while TD3's 60 s round ran on the kept pod
+    _curve(store, "ppo", [100.0, 110.0])
+    _curve(store, "sac", [0.0, 900.0])
+    _curve(store, "td3", [0.0, 1000.0])
+    planner = _planner(store, members=2, handover=handover)
+    planner.issued("x", Plan("ppo", None, False, "test"))  # the other pod is busy
+    kept = planner.next()
+    assert kept.keeper and kept.algorithm == "td3"
+    planner.issued("td32", kept)
+    _settle_back(store, planner, "x")
+    _put(store, "sac2", "sac", 1500.0, parent="sac1")  # sac now holds the best checkpoint
+    plan = planner.next()
+    if handover == "next-pod":
+        assert plan.keeper and plan.algorithm == "sac" and plan.parent is not None \
+            and plan.parent.id == "sac2" and planner.incumbent == "td3"
+        planner.issued("sac3", plan)
+        # td3's long round comes back: its pod explores, no third keeper of sac's
+        _put(store, "td32", "td3", 1200.0, parent="td31")
+        assert not planner.next().keeper
+    else:
+        assert not plan.keeper
+
+
+def _settle_back(store: LeaderboardStore, planner: Planner, init_id: str) -> None:
+    """The round ``init_id`` came back (its checkpoint is stored)."""
+    _put(store, init_id, "ppo", 0.0)
+    assert planner.in_flight("ppo") == 0
+
+
 @pytest.mark.parametrize(("keeper", "kept"), [("leader", "td3"), ("best", "sac")])
 def test_the_leaders_pod_goes_to_the_leader_or_to_the_best_checkpoint(
         store: LeaderboardStore, keeper: str, kept: str) -> None:
