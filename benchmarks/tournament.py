@@ -14,8 +14,9 @@ machine). Rows:
   leader at equal training, by the best checkpoint's algorithm, or by the leader while
   its best is near the best checkpoint (``population.keeper``); ``tournament-warmnewest``:
   with a fresh member's warm start from the newest pool rows, not off-policy rows first
-  (``pool_warm_from``); ``tournament-samepod``: with a new keeper waiting for the kept
-  pod's long round to end (``population.handover``; ``tournament_runs.TOURNAMENTS``). Each
+  (``pool_warm_from``); ``tournament-nextpod``: with a new keeper's idle best lineage
+  taking the next free pod while the last keeper's long round runs
+  (``population.handover``; ``tournament_runs.TOURNAMENTS``). Each
   tournament run also prints the share of training data that came from the pool
   (``Checkpoint.pool_rows``; a mean over checkpoints): of the best checkpoint's lineage,
   of every member, and per algorithm (0 without the pool).

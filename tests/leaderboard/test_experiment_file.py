@@ -50,6 +50,7 @@ def test_defaults_of_a_minimal_file() -> None:
     assert exp.overrides_for("ppo") == {}
     assert (exp.experience_pool, exp.pool_mib, exp.pool_own_share) == (True, 256, 0.75)
     assert exp.pool_warm_from == "off-policy" and exp.pool_keeper is True
+    assert (exp.population.keeper, exp.population.handover) == ("best", "same-pod")
 
 
 @pytest.mark.parametrize(("data", "message"), [
@@ -69,6 +70,9 @@ def test_defaults_of_a_minimal_file() -> None:
     (with_(pods=2.5), r"pods: expected an integer"),
     (with_(explore_p=1.5), r"explore_p: must be in \[0.0, 1.0\]"),
     (with_(pool_keeper="no"), r"pool_keeper: expected"),
+    (with_(population={"keeper": "oldest"}), r"population\.keeper: unknown keeper 'oldest'"),
+    (with_(population={"handover": "later"}),
+     r"population\.handover: unknown handover 'later' \(use one of same-pod, next-pod\)"),
     (with_(target_score=float("nan")), r"target_score: expected a finite number"),
     (with_(name="bad name!"), r"name: 'bad name!' is not a valid experiment name"),
     # ``$`` matched before a trailing newline: the name namespaces broker names
