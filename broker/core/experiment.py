@@ -24,8 +24,7 @@ from broker.core.experiment_specs import (
     PopulationSpec,
     SelectionSpec,
     TotalBudget,
-    check_handover,
-    check_keeper,
+    check_rules,
     default_round_budget,
 )
 from broker.core.schemas import Budget, Scalar
@@ -255,8 +254,7 @@ def _population(table: Table) -> PopulationSpec:
         min_share=table.required_number("min_share", 0.15, 0.0, 1.0),
         keeper=table.string("keeper", KEEPERS[0]),
         handover=table.string("handover", HANDOVERS[0]))
-    check_keeper(spec.keeper)
-    check_handover(spec.handover)
+    check_rules(spec.keeper, spec.handover)
     table.finish()
     return spec
 

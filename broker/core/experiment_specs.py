@@ -56,24 +56,17 @@ class SelectionSpec:
 
 KEEPERS = ("best", "leader", "near")
 """The values of ``PopulationSpec.keeper``, the default first."""
-
-
-def check_keeper(keeper: str) -> None:
-    """Refuse a ``population.keeper`` that is not one of ``KEEPERS``."""
-    if keeper not in KEEPERS:
-        raise ConfigError("population.keeper", f"unknown keeper {keeper!r}",
-                          f"use one of {', '.join(KEEPERS)}")
-
-
 HANDOVERS = ("same-pod", "next-pod")
 """The values of ``PopulationSpec.handover``, the default first."""
 
 
-def check_handover(handover: str) -> None:
-    """Refuse a ``population.handover`` that is not one of ``HANDOVERS``."""
-    if handover not in HANDOVERS:
-        raise ConfigError("population.handover", f"unknown handover {handover!r}",
-                          f"use one of {', '.join(HANDOVERS)}")
+def check_rules(keeper: str, handover: str) -> None:
+    """Refuse a ``population.keeper`` not in ``KEEPERS``, a ``handover`` not in
+    ``HANDOVERS``."""
+    for name, value, values in (("keeper", keeper, KEEPERS), ("handover", handover, HANDOVERS)):
+        if value not in values:
+            raise ConfigError(f"population.{name}", f"unknown {name} {value!r}",
+                              f"use one of {', '.join(values)}")
 
 
 @dataclasses.dataclass(frozen=True)
