@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from benchmarks.tournament_runs import in_subprocess
+from tests.processes import alive
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,15 +28,6 @@ def wait_forever(pid_file: str) -> None:
     Path(pid_file).write_text(str(os.getpid()))
     while True:
         time.sleep(1)
-
-
-def alive(pid: int) -> bool:
-    """Running (an exited process nobody reaped yet is a zombie: not alive)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
-    return "\nState:\tZ" not in status
 
 
 def test_the_run_answers_in_the_caller() -> None:

@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from tests.processes import alive
+
 SCRIPT = Path(__file__).resolve().parents[2] / ".ci" / "rabbitmq-cluster.sh"
 NODES = (1, 2, 3)
 
@@ -158,7 +160,7 @@ class Nodes:
         pid = self.pid(n)
         os.kill(pid, signal.SIGKILL)
         killed_at = time.time()
-        wait_for(lambda: not _alive(pid), 30, f"pid {pid} of {name(n)} to exit")
+        wait_for(lambda: not alive(pid), 30, f"pid {pid} of {name(n)} to exit")
         peers = [m for m in NODES if m != n]
         wait_for(lambda: name(n) not in self.online(queue, peers), 60,
                  f"{queue} to see {name(n)} offline")
@@ -199,15 +201,3 @@ def delete_experiment(url: str, experiment: str) -> None:
 
     with BrokerAdmin(url, experiment) as admin:
         admin.delete_all()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie until its parent reaps it: dead for our purposes
-    with contextlib.suppress(OSError):
-        if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
-            return False
-    return True

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -29,6 +28,7 @@ from orchestrator.scalers import (
     build_scaler,
 )
 from orchestrator.service import Orchestrator
+from tests.processes import alive
 
 SLEEPER = "import time; time.sleep(60)"
 # Announces itself once its SIGTERM handler is in place, then ignores SIGTERM (saying
@@ -54,16 +54,6 @@ def holds(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
     async def poll() -> bool:
         return check()
     return poll
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); it is dead for our purpose.
-    with open(f"/proc/{pid}/stat") as fh:
-        return fh.read().split(")")[-1].split()[0] != "Z"
 
 
 class Clock:
