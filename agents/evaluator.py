@@ -53,6 +53,14 @@ class EvalResult:
     std: float
     episodes: int
 
+    def joined(self, other: EvalResult) -> EvalResult:
+        """The result of this one's episodes and ``other``'s together."""
+        n = self.episodes + other.episodes
+        mean = (self.episodes * self.mean + other.episodes * other.mean) / n
+        second = (self.episodes * (self.std ** 2 + self.mean ** 2)
+                  + other.episodes * (other.std ** 2 + other.mean ** 2)) / n
+        return EvalResult(mean, math.sqrt(max(0.0, second - mean ** 2)), n)
+
 
 @contextlib.contextmanager
 def torch_threads(threads: int) -> Iterator[None]:

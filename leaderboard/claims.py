@@ -35,9 +35,11 @@ ack, the round redone by another pod) keeps the better of the two agents.
 **Would-be bests are measured.** A checkpoint whose claimed score would make it the new
 best (``>=`` the best, so a tie won on an early ``created`` counts too) or meet the
 experiment's target is re-evaluated by the updater before it is stored; only such
-candidates, so the cost stays small (``reevaluate_all`` measures every one). The
-measured score is what ranks it; the claim is kept beside it (``score_claimed``). A
-claim far above its measurement (``Tolerance``) is refused to the dead-letter queue.
+candidates, so the cost stays small (``reevaluate_all`` measures every one), and in two
+stages: a measurement that is precise and believes the claim after its first stage ends
+there (``PRECISION``). The measured score is what ranks it; the claim is kept beside it
+(``score_claimed``). A claim far above its measurement (``Tolerance``) is refused to the
+dead-letter queue.
 """
 
 from __future__ import annotations
@@ -63,8 +65,22 @@ MAX_LINKS = 1024
 STEP_SLACK = 1_000_000
 """Env steps a round may run past its step budget (its last rollout and evaluation)."""
 
-Measure = Callable[[Checkpoint], tuple[float, float]]
+PRECISION = 0.01
+"""A measurement may end after its first stage (``updater.MEASURE_FIRST`` episodes) when
+the standard error of its mean is at most this fraction of the mean's magnitude and the
+claim is believed on it; otherwise it runs all its episodes. So a claim is refused, and
+a spread-out score (Pendulum's two humps, a Hopper that sometimes falls) is ranked, only
+on the full measurement."""
+
+Settled = Callable[[float, float, int], bool]
+"""Whether a measurement's first stage (mean, per-episode std, episodes) may end it."""
+Measure = Callable[[Checkpoint, Settled], tuple[float, float]]
 """Evaluates a checkpoint's state with the updater's own evaluator: (mean, std)."""
+
+
+def precise(mean: float, std: float, episodes: int) -> bool:
+    """Whether ``episodes`` episodes of spread ``std`` pin ``mean`` down (``PRECISION``)."""
+    return std / math.sqrt(episodes) <= PRECISION * abs(mean)
 
 
 class ClaimRefused(ConfigError):
@@ -232,7 +248,11 @@ class ClaimCheck:
     def _measured(self, checkpoint: Checkpoint) -> tuple[float, float]:
         """The updater's own score of ``checkpoint``; ``ClaimRefused`` if its claim is far
         above it."""
-        mean, std = self.measure(checkpoint)
+        def settled(mean: float, std: float, episodes: int) -> bool:
+            return precise(mean, std, episodes) and \
+                checkpoint.score_mean <= mean + self.tolerance.slack(mean, std)
+
+        mean, std = self.measure(checkpoint, settled)
         if not math.isfinite(mean):
             raise ClaimRefused("state", f"its agent scores {mean} on evaluation")
         slack = self.tolerance.slack(mean, std)
@@ -252,7 +272,7 @@ class ClaimCheck:
         else:
             try:
                 held, _ = self.measure(dataclasses.replace(
-                    checkpoint, state=self.store.load_state(stored)))
+                    checkpoint, state=self.store.load_state(stored)), precise)
             except BlobError:  # its state was pruned: nothing left to compare with
                 held = -math.inf
         if not mean > held:

@@ -39,4 +39,4 @@ def issue_for(root: Path | LeaderboardStore, checkpoint: Checkpoint) -> Initiali
 def trust_scores(monkeypatch: pytest.MonkeyPatch) -> None:
     """The updater's measurement returns each checkpoint's own claim."""
     monkeypatch.setattr(updater_service.Updater, "_measure",
-                        lambda self, c: (c.score_mean, c.score_std))
+                        lambda self, c, settled: (c.score_mean, c.score_std))

@@ -15,7 +15,14 @@ import torch
 
 from broker.core.schemas import Budget, Checkpoint, Initialization
 from broker.core.settings import default_experiment
-from leaderboard.claims import ClaimCheck, ClaimRefused, Tolerance, issued, record_issued
+from leaderboard.claims import (
+    ClaimCheck,
+    ClaimRefused,
+    Settled,
+    Tolerance,
+    issued,
+    record_issued,
+)
 from leaderboard.store import LeaderboardStore
 
 EXP = default_experiment("torch/Pendulum-v1").with_overrides(name="claims", target_score=-100.0)
@@ -31,10 +38,14 @@ class Evaluator:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.first_stage_ends: list[bool] = []
+        """What ``settled`` said after each measurement's first stage (std 1, 8 episodes)."""
 
-    def __call__(self, checkpoint: Checkpoint) -> tuple[float, float]:
+    def __call__(self, checkpoint: Checkpoint, settled: Settled) -> tuple[float, float]:
         self.calls += 1
-        return float(checkpoint.state["quality"][0]), 1.0
+        quality = float(checkpoint.state["quality"][0])
+        self.first_stage_ends.append(settled(quality, 1.0, 8))
+        return quality, 1.0
 
 
 @pytest.fixture
@@ -213,7 +224,7 @@ def test_the_updater_measures_with_one_torch_thread_and_restores_the_threads(
             ctx = ServiceContext(Settings(experiment=exp, store=tmp_path), "updater-t")
             updater = updater_module.Updater(ctx, None, store,  # type: ignore[arg-type]
                                              default_registry())
-            assert updater._measure(checkpoint) == (-150.0, 10.0)
+            assert updater._measure(checkpoint, lambda *_: True) == (-150.0, 10.0)
             updater.close()
         outside.append(torch.get_num_threads())
 
@@ -222,3 +233,74 @@ def test_the_updater_measures_with_one_torch_thread_and_restores_the_threads(
     worker.join()
     assert seen == [updater_module.MEASURE_THREADS] == [1]
     assert outside == [2]  # the thread's own setting comes back
+
+
+def test_a_measurement_ends_after_its_first_stage_only_if_precise_and_believed(
+    store: LeaderboardStore,
+) -> None:
+    """The first stage ends a measurement only when its mean is pinned down and the claim
+    holds on it: a claim is refused, and a spread-out score ranked, on all episodes."""
+    claims, evaluator = check(store)
+    claims.admit(result(issue(store, "honest"), -900.0, -880.0))
+    with pytest.raises(ClaimRefused):
+        claims.admit(result(issue(store, "forged"), 1e15, -800.0))
+    claims.admit(result(issue(store, "near-zero"), 0.5, 0.0))  # std 1 pins down no 0.0
+    assert evaluator.first_stage_ends == [True, False, False]
+
+
+def test_the_updater_measures_in_two_stages_and_all_of_them_are_the_old_episodes(
+        tmp_path: Path) -> None:
+    """Reproducible mode, a Gymnasium env (copy ``i`` seeded ``seed + i``): the two stages
+    run the very episodes one 32-copy env runs; a settled first stage its first 8."""
+    from agents.evaluator import evaluate
+    from agents.registry import default_registry
+    from broker.core.settings import Settings
+    from broker.runtime.service import ServiceContext
+    from envs.registry import make_env
+    from leaderboard import updater as updater_module
+    from leaderboard.updater import MEASURE_EPISODES, MEASURE_FIRST
+    from tests.reliability.reliability_states import ppo_checkpoint
+
+    env, ppo = "gym/Pendulum-v1", {"num_envs": 4, "rollout_steps": 16, "hidden_size": 16}
+    exp = default_experiment(env).with_overrides(
+        name="stages", algos={"ppo": 1}, reproducible=True, seed=5,
+        round_budget={"steps": 1000}, total_budget={"env_steps": 10_000})
+    checkpoint = ppo_checkpoint("stages", env, ppo, score=-100.0)
+    first_seen: list[tuple[float, float, int]] = []
+
+    def not_settled(mean: float, std: float, episodes: int) -> bool:
+        first_seen.append((mean, std, episodes))
+        return False
+
+    with LeaderboardStore(tmp_path) as s:
+        updater = updater_module.Updater(
+            ServiceContext(Settings(experiment=exp, store=tmp_path), "updater-s"),
+            None, s, default_registry())  # type: ignore[arg-type]
+        full = updater._measure(checkpoint, not_settled)
+        early = updater._measure(checkpoint, lambda *_: True)
+        agent = updater.validator.resolve(checkpoint).build(
+            *_spaces(env), torch.device("cpu"), 0, checkpoint.state)
+        updater.close()
+
+    def old(copies: int) -> tuple[float, float]:
+        vec = make_env(env, copies, "cpu")
+        try:
+            r = evaluate(lambda obs: agent.act(obs, True), vec, copies, seed=5)
+        finally:
+            vec.close()
+        return r.mean, r.std
+
+    assert full == pytest.approx(old(MEASURE_EPISODES), rel=1e-9)
+    assert early == pytest.approx(old(MEASURE_FIRST), rel=1e-9)
+    assert len(first_seen) == 1 and first_seen[0][2] == MEASURE_FIRST
+    assert first_seen[0][:2] == pytest.approx(early, rel=1e-9)
+    assert full != early  # Pendulum's starts differ: the rest of the episodes counted
+
+
+def _spaces(env: str) -> tuple[Any, Any]:
+    from envs.registry import make_env
+    vec = make_env(env, 1, "cpu")
+    try:
+        return vec.single_observation_space, vec.single_action_space
+    finally:
+        vec.close()
