@@ -304,3 +304,39 @@ def _spaces(env: str) -> tuple[Any, Any]:
         return vec.single_observation_space, vec.single_action_space
     finally:
         vec.close()
+
+
+def test_an_env_scored_on_held_out_windows_is_measured_in_one_stage(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stock env's score is a function of its validation windows, not a mean of
+    episodes: no stages, one env of all the measurement's episodes (as before)."""
+    from agents.evaluator import HoldsOutValidation
+    from agents.registry import default_registry
+    from broker.core.settings import Settings
+    from broker.runtime.service import ServiceContext
+    from leaderboard import updater as updater_module
+    from tests.envs_stock.stock_testdata import sp500_path
+
+    env = (f"stock/{sp500_path()}?train=2016-01-01..2018-05-12"
+           "&validation=2018-05-13..2019-05-12&backtest=2019-05-13..2021-05-26"
+           "&tickers=AAPL,JPM,KO,XOM")
+    built: list[int] = []
+    build = updater_module.make_validation_env
+
+    def spy(name: str, copies: int, env_kwargs: Any = None) -> Any:
+        built.append(copies)
+        return build(name, copies, env_kwargs)
+
+    monkeypatch.setattr(updater_module, "make_validation_env", spy)
+    exp = default_experiment(env).with_overrides(name="windows", algos={"ppo": 1})
+    with LeaderboardStore(tmp_path) as s:
+        updater = updater_module.Updater(
+            ServiceContext(Settings(experiment=exp, store=tmp_path), "updater-w"),
+            None, s, default_registry())  # type: ignore[arg-type]
+        first, rest = updater._envs(updater_module.MEASURE_EPISODES)
+        try:
+            assert isinstance(first, HoldsOutValidation) and rest is None
+            assert first.num_envs == updater_module.MEASURE_EPISODES
+            assert built == [updater_module.MEASURE_FIRST, updater_module.MEASURE_EPISODES]
+        finally:
+            updater.close()
