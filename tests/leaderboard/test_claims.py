@@ -199,9 +199,7 @@ def test_the_updater_measures_with_one_torch_thread_and_restores_the_threads(
     # a to_thread worker that never set its threads runs as many as the machine has
     # cores, beside pods that each hold one: the measurement must not spin on theirs
     from agents.evaluator import EvalResult
-    from agents.registry import default_registry
-    from broker.core.settings import Settings, default_experiment
-    from broker.runtime.service import ServiceContext
+    from broker.core.settings import default_experiment
     from leaderboard import updater as updater_module
     from tests.reliability.reliability_states import ppo_checkpoint
 
@@ -221,9 +219,7 @@ def test_the_updater_measures_with_one_torch_thread_and_restores_the_threads(
     def measure() -> None:
         torch.set_num_threads(2)
         with LeaderboardStore(tmp_path) as store:
-            ctx = ServiceContext(Settings(experiment=exp, store=tmp_path), "updater-t")
-            updater = updater_module.Updater(ctx, None, store,  # type: ignore[arg-type]
-                                             default_registry())
+            updater = _updater(exp, store, tmp_path, "updater-t")
             assert updater._measure(checkpoint, lambda *_: True) == (-150.0, 10.0)
             updater.close()
         outside.append(torch.get_num_threads())
@@ -253,11 +249,7 @@ def test_the_updater_measures_in_two_stages_and_all_of_them_are_the_old_episodes
     """Reproducible mode, a Gymnasium env (copy ``i`` seeded ``seed + i``): the two stages
     run the very episodes one 32-copy env runs; a settled first stage its first 8."""
     from agents.evaluator import evaluate
-    from agents.registry import default_registry
-    from broker.core.settings import Settings
-    from broker.runtime.service import ServiceContext
     from envs.registry import make_env
-    from leaderboard import updater as updater_module
     from leaderboard.updater import MEASURE_EPISODES, MEASURE_FIRST
     from tests.reliability.reliability_states import ppo_checkpoint
 
@@ -273,13 +265,13 @@ def test_the_updater_measures_in_two_stages_and_all_of_them_are_the_old_episodes
         return False
 
     with LeaderboardStore(tmp_path) as s:
-        updater = updater_module.Updater(
-            ServiceContext(Settings(experiment=exp, store=tmp_path), "updater-s"),
-            None, s, default_registry())  # type: ignore[arg-type]
+        updater = _updater(exp, s, tmp_path, "updater-s")
         full = updater._measure(checkpoint, not_settled)
         early = updater._measure(checkpoint, lambda *_: True)
+        first, _ = updater._envs(MEASURE_EPISODES)  # the env the measurement ran on
         agent = updater.validator.resolve(checkpoint).build(
-            *_spaces(env), torch.device("cpu"), 0, checkpoint.state)
+            first.single_observation_space, first.single_action_space,
+            torch.device("cpu"), 0, checkpoint.state)
         updater.close()
 
     def old(copies: int) -> tuple[float, float]:
@@ -297,13 +289,14 @@ def test_the_updater_measures_in_two_stages_and_all_of_them_are_the_old_episodes
     assert full != early  # Pendulum's starts differ: the rest of the episodes counted
 
 
-def _spaces(env: str) -> tuple[Any, Any]:
-    from envs.registry import make_env
-    vec = make_env(env, 1, "cpu")
-    try:
-        return vec.single_observation_space, vec.single_action_space
-    finally:
-        vec.close()
+def _updater(exp: Any, store: LeaderboardStore, root: Path, name: str) -> Any:
+    """An updater of ``exp`` on ``store`` with no transport: its measurement only."""
+    from agents.registry import default_registry
+    from broker.core.settings import Settings
+    from broker.runtime.service import ServiceContext
+    from leaderboard import updater as updater_module
+    return updater_module.Updater(ServiceContext(Settings(experiment=exp, store=root), name),
+                                  None, store, default_registry())  # type: ignore[arg-type]
 
 
 def test_an_env_scored_on_held_out_windows_is_measured_in_one_stage(
@@ -311,9 +304,6 @@ def test_an_env_scored_on_held_out_windows_is_measured_in_one_stage(
     """A stock env's score is a function of its validation windows, not a mean of
     episodes: no stages, one env of all the measurement's episodes (as before)."""
     from agents.evaluator import HoldsOutValidation
-    from agents.registry import default_registry
-    from broker.core.settings import Settings
-    from broker.runtime.service import ServiceContext
     from leaderboard import updater as updater_module
     from tests.envs_stock.stock_testdata import sp500_path
 
@@ -330,9 +320,7 @@ def test_an_env_scored_on_held_out_windows_is_measured_in_one_stage(
     monkeypatch.setattr(updater_module, "make_validation_env", spy)
     exp = default_experiment(env).with_overrides(name="windows", algos={"ppo": 1})
     with LeaderboardStore(tmp_path) as s:
-        updater = updater_module.Updater(
-            ServiceContext(Settings(experiment=exp, store=tmp_path), "updater-w"),
-            None, s, default_registry())  # type: ignore[arg-type]
+        updater = _updater(exp, s, tmp_path, "updater-w")
         first, rest = updater._envs(updater_module.MEASURE_EPISODES)
         try:
             assert isinstance(first, HoldsOutValidation) and rest is None
