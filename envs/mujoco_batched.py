@@ -68,7 +68,8 @@ class AntBatchedVectorEnv(ThreadedVectorEnv):
             raise ConfigError("action", f"shape {actions.shape}, "
                               f"expected {self.action_space.shape}")
         xy_before = np.stack(self._torso)[:, :2]
-        futures = self._submit(self._physics, actions)
+        futures = [self._pool.submit(self._physics, lo, hi, actions)
+                   for lo, hi in self._ranges[1:]] if self._pool is not None else []
         self._physics(*self._ranges[0], actions)
         for future in futures:
             future.result()

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import gymnasium
@@ -63,9 +62,8 @@ class ThreadedVectorEnv(VectorEnv):
         threads = min(num_threads, self.num_envs)
         bounds = np.linspace(0, self.num_envs, threads + 1).astype(int)
         self._ranges = [(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
-        self._helpers = threads - 1
-        self._pool: ThreadPoolExecutor | None = None
-        self._owner: int | None = None
+        self._pool = (ThreadPoolExecutor(threads - 1, thread_name_prefix="podracer-env")
+                      if threads > 1 else None)
         self._obs = np.zeros((self.num_envs, *(space.shape or ())), dtype=space.dtype)
         self._rewards = np.zeros(self.num_envs, dtype=np.float64)
         self._terminations = np.zeros(self.num_envs, dtype=np.bool_)
@@ -94,28 +92,12 @@ class ThreadedVectorEnv(VectorEnv):
         self._truncations[:] = False
         return self._obs, infos
 
-    def _submit(self, work: Callable[[int, int, np.ndarray], Any],
-                actions: np.ndarray) -> list[Future[Any]]:
-        """``work`` on every range but the first, on the helper threads of the calling
-        thread. The helpers are made anew when another thread steps the copies (a pod's
-        next round), so they inherit that thread's CPU priority: a background round's
-        helpers stay in the background (``agents.pod.runner.in_background``)."""
-        if self._helpers < 1:
-            return []
-        caller = threading.get_ident()
-        if self._pool is None or self._owner != caller:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-            # threads start at the first submit, from this thread
-            self._pool = ThreadPoolExecutor(self._helpers, thread_name_prefix="podracer-env")
-            self._owner = caller
-        return [self._pool.submit(work, lo, hi, actions) for lo, hi in self._ranges[1:]]
-
     def step(
         self, actions: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Step every copy once; a copy that ends is reset on the same step (SAME_STEP)."""
-        futures = self._submit(self._step_range, actions)
+        futures = [self._pool.submit(self._step_range, lo, hi, actions)
+                   for lo, hi in self._ranges[1:]] if self._pool is not None else []
         ended = self._step_range(*self._ranges[0], actions)
         for future in futures:
             ended += future.result()

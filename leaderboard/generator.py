@@ -92,13 +92,13 @@ def population_config(experiment: Experiment, pods: int) -> PopulationConfig:
         return PopulationConfig(members=spec.members or max(1, pods),
                                 ready_s=float(READY_ROUNDS * steps), by_steps=True,
                                 min_share=spec.min_share, keeper=spec.keeper,
-                                handover=spec.handover, background=spec.background,
+                                handover=spec.handover,
                                 explore_p=experiment.explore_p,
                                 episodes=experiment.eval_episodes)
     return PopulationConfig(members=spec.members or max(1, pods),
                             ready_s=spec.ready_s or READY_ROUNDS * round_seconds(experiment),
                             min_share=spec.min_share, keeper=spec.keeper,
-                            handover=spec.handover, background=spec.background,
+                            handover=spec.handover,
                             explore_p=experiment.explore_p,
                             episodes=experiment.eval_episodes)
 
@@ -173,8 +173,7 @@ class InitializationMaker:
         seed = self.rng.randrange(2**31)
         common = {"experiment": exp.name, "algorithm": algorithm, "env": exp.env,
                   "budget": keeper_budget(exp.round_budget) if plan.keeper else exp.round_budget,
-                  "seed": seed, "pooled": exp.pool_keeper or not plan.keeper,
-                  "background": plan.background}
+                  "seed": seed, "pooled": exp.pool_keeper or not plan.keeper}
         parent = plan.parent
         if parent is None:
             # an algorithm's first lineage starts from its tuned defaults; later fresh ones

@@ -179,9 +179,6 @@ class PopulationConfig:
     handover: str = HANDOVERS[0]
     """When another algorithm is to keep a pod while the last keeper's long round runs:
     once that round ends (``same-pod``) or at the next free pod (``next-pod``)."""
-    background: bool = True
-    """Once a lineage keeps a pod, the other rounds run in the background (``Plan.
-    background``)."""
     explore_p: float = 0.0
     """Probability that a round starts a fresh lineage with sampled hyperparameters."""
     window: int = 4
@@ -224,9 +221,6 @@ class Plan:
     reason: str
     keeper: bool = False
     """A round on the leader's pod of its own (``KEEPER``): ``KEEPER_ROUNDS`` long."""
-    background: bool = False
-    """A round beside a kept lineage, below its CPU priority (``Initialization.
-    background``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -394,16 +388,6 @@ class Planner:
         keeper = self._keeper_round(keeps) if keeps is not None else None
         if keeper is not None:
             return keeper
-        plan = self._shared_round(curves, share, shared_pods)
-        # beside a kept lineage, the other pods yield it their share of a node's cores
-        return dataclasses.replace(plan, background=True) \
-            if keeps is not None and cfg.background else plan
-
-    def _shared_round(self, curves: Mapping[str, Curve | None], share: Mapping[str, float],
-                      shared_pods: bool) -> Plan:
-        """A round of the pods not kept by the leader: an algorithm's second measuring
-        round, else the mix's next algorithm and its lineage (module doc)."""
-        cfg = self.config
         second = self._second_round(curves)
         if second is not None:
             return second

@@ -93,23 +93,16 @@ def run_session(settings: Settings, monitor: Monitor, out: Path, session: Sessio
 
 
 class _EmbeddedPods:
-    """Pods of embedded mode: one replay cache for all; a lone pod trains on a thread of
-    this process, and with more pods every pod trains in a worker process of its own (one
-    Python process runs about one core's worth of an RL round, see ``agents.pod.runner``).
+    """Pods of embedded mode: one replay cache for all; the first pod trains on a thread
+    of this process, every other one in a worker process of its own (one Python process
+    runs about one core's worth of an RL round, see ``agents.pod.runner``)."""
 
-    Why not the first of several on a thread: this process also runs the services, and
-    the updater's measurement of a would-be best (8-32 episodes, 1-4 s on HalfCheetah)
-    holds its interpreter lock, so a kept lineage on that thread lost training time to
-    every other lineage's measurements, and background rounds (``agents.pod.runner.
-    BACKGROUND_NICE``) cannot give it back across a lock."""
-
-    def __init__(self, wiring: Wiring, pool: ExperiencePool | None = None, *,
-                 threaded: bool = True) -> None:
+    def __init__(self, wiring: Wiring, pool: ExperiencePool | None = None) -> None:
         self.wiring = wiring
         self.cache = ReplayCache(default_cache_bytes())
         self.pool = pool
         """The experience pool every pod of this process and its workers share."""
-        self._thread_taken = not threaded
+        self._thread_taken = False
 
     async def main(self, ctx: ServiceContext[Settings]) -> int:
         worker = "process" if self._thread_taken else "thread"
@@ -130,8 +123,7 @@ async def _embedded(settings: Settings, monitor: Monitor, wiring: Wiring,
     contexts = {role: ServiceContext(settings, role) for role in SERVICE_ROLES}
     exp = settings.experiment
     pods = _EmbeddedPods(wiring, await asyncio.to_thread(
-        node_pool, exp.env, exp.experience_pool, exp.pool_mib, env_maker(exp.env_kwargs)),
-        threaded=exp.pods <= 1)
+        node_pool, exp.env, exp.experience_pool, exp.pool_mib, env_maker(exp.env_kwargs)))
     scaler = TaskScaler(pods.main, lambda name: dataclasses.replace(settings, name=name))
     policy = default_policy(settings, min_pods=settings.experiment.pods)
 

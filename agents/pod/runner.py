@@ -24,12 +24,10 @@ import dataclasses
 import logging
 import multiprocessing
 import multiprocessing.connection
-import os
 import signal
-import sys
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import torch
 
@@ -51,16 +49,8 @@ log = logging.getLogger(__name__)
 
 Report = Callable[[Progress], None]
 ShouldStop = Callable[[], bool]
-T = TypeVar("T")
 
 
-BACKGROUND_NICE = 10
-"""How far below the pod's CPU priority a background round trains (``RoundJob.
-background``): at nice 10 the scheduler gives a thread about a tenth of the CPU weight
-of one at 0, so where a kept lineage, a background round and the services share two
-cores, the kept lineage keeps a core and the rest share the other. Measured on this
-2-core machine (lone SAC pods on HalfCheetah-v5, 110-s rounds, beside a PPO pod): 104k
-env steps beside one at the same priority, 118k beside one at nice 10, 116k alone."""
 SNAPSHOT_EVERY_S = 60.0
 """Interval between a long round's intermediate bests. Each costs an evaluation in the
 pod and, as a would-be best, the updater's measurement (on HalfCheetah 4-6 s while two
@@ -86,8 +76,6 @@ class RoundJob:
     pooled: bool = True
     """Learn from the experience pool's rows too (``Initialization.pooled``); the round
     writes to the pool either way."""
-    background: bool = False
-    """Train below the pod's CPU priority (``Initialization.background``, ``BACKGROUND_NICE``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,14 +195,7 @@ class RoundRunner:
     def run(self, job: RoundJob, report: Report | None = None,
             should_stop: ShouldStop | None = None) -> RoundOutput:
         """Build and train ``job``; a failure raises ``Faulted`` with its verdict
-        (``broker.runtime.faults``). A background job trains on a thread of its own at
-        ``BACKGROUND_NICE`` (``in_background``)."""
-        if job.background:
-            return in_background(lambda: self._run(job, report, should_stop))
-        return self._run(job, report, should_stop)
-
-    def _run(self, job: RoundJob, report: Report | None,
-             should_stop: ShouldStop | None) -> RoundOutput:
+        (``broker.runtime.faults``)."""
         if self.config.torch_threads:  # OpenMP counts threads per calling thread: set it
             torch.set_num_threads(self.config.torch_threads)  # where the round trains
         try:
@@ -253,36 +234,6 @@ class RoundRunner:
     def close(self) -> None:
         """Close the kept envs."""
         self.envs.close()
-
-
-def in_background(work: Callable[[], T]) -> T:
-    """``work()`` on a new thread whose CPU priority is ``BACKGROUND_NICE`` below this
-    one's, its result or exception returned or raised here.
-
-    Linux keeps a nice value per thread, and only privilege lowers one again, so the
-    round gets a thread of its own and the pod's other threads keep theirs; threads the
-    round starts inherit it (OpenMP's, ``envs.threaded_vector``'s). Where priorities are
-    per process (macOS, Windows), the round runs here at the pod's priority."""
-    if not sys.platform.startswith("linux"):
-        return work()
-    outcome: list[Any] = []
-
-    def body() -> None:
-        try:
-            tid = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, tid,
-                           min(19, os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICE))
-            outcome.append((True, work()))
-        except BaseException as exc:  # raised in the caller's thread below
-            outcome.append((False, exc))
-
-    thread = threading.Thread(target=body, name="podracer-background-round")
-    thread.start()
-    thread.join()
-    ok, value = outcome[0]
-    if not ok:
-        raise value
-    return cast(T, value)
 
 
 class ThreadWorker:

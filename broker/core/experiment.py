@@ -253,8 +253,7 @@ def _population(table: Table) -> PopulationSpec:
         ready_s=table.required_number("ready_s", 0.0, 0.0, math.inf),
         min_share=table.required_number("min_share", 0.15, 0.0, 1.0),
         keeper=table.string("keeper", KEEPERS[0]),
-        handover=table.string("handover", HANDOVERS[0]),
-        background=table.boolean("background", True))
+        handover=table.string("handover", HANDOVERS[0]))
     check_rules(spec.keeper, spec.handover)
     table.finish()
     return spec

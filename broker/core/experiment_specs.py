@@ -93,10 +93,6 @@ class PopulationSpec:
     round runs: ``same-pod``, it waits for the kept pod; ``next-pod``, its idle best head
     takes the next pod that frees up (the last keeper's round runs out and its pod
     explores). Measured on HalfCheetah, 3 seeds: no difference (``leaderboard.population``)."""
-    background: bool = True
-    """Once a lineage keeps a pod, the other pods' rounds run in the background: below
-    the kept lineage's CPU priority where they share a node's cores with it
-    (``Initialization.background``; ``false``: every round at the same priority)."""
 
 
 MIN_ROUND_S = 10.0

@@ -47,8 +47,7 @@ would ignore it and train a continuing lineage from scratch, so 1 is refused).
 Optional fields added within 2 (a build without them ignores them and loses only a
 statistic or a measured refinement, so the version stays and mixed builds interoperate):
 ``Checkpoint.pool_rows``; ``Initialization.pooled`` (a build without it feeds every
-round from the pool, as before it existed: the round's result is as valid);
-``Initialization.background`` (a build without it runs every round at one priority).
+round from the pool, as before it existed: the round's result is as valid).
 A field whose loss would change what a receiver does needs a new version."""
 T = TypeVar("T")
 
@@ -124,12 +123,6 @@ class Initialization(Message):
     """The round learns from the experience pool's rows too; ``False``: from its own data
     only (the leader's kept lineage with ``pool_keeper = false``; added within schema 2,
     optional: see ``SCHEMA_VERSION``). It writes to the pool either way."""
-    background: bool = False
-    """An exploring round beside a kept lineage: the pod runs it below its normal CPU
-    priority (``agents.pod.runner.BACKGROUND_NICE``), so where pods share a node's cores
-    the kept lineage trains at a lone pod's speed. It only ever lowers the receiving
-    pod's own priority, so a forged value costs the sender's round, nothing else
-    (added within schema 2, optional: see ``SCHEMA_VERSION``)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
