@@ -17,8 +17,8 @@ policy is run for ``EVAL_EPISODES`` episodes with the env seeded with ``EVAL_SEE
   state then scored at least the target in the updater's measurement
   (``MEASURE_EPISODES`` episodes of its own). For the tournament that is the ``created``
   time of the first checkpoint in its store whose (measured) score reached it; a lone
-  agent's claim is measured the same way (``measure_claim``) and a refuted one trains
-  on. ``refuted`` counts the claims that did not hold; ``confirm`` is the re-evaluation
+  agent's claim is measured the same way (``measure_claim``) while it trains on, as a
+  pod's is. ``refuted`` counts the claims that did not hold; ``confirm`` is the re-evaluation
   of the checkpoint that reached it.
 """
 
@@ -44,7 +44,7 @@ import torch
 from agents.base import Scalar
 from agents.build import build_agent, resolve_config
 from agents.evaluator import evaluate
-from agents.pod.round import train_round
+from agents.pod.round import Progress, train_round
 from agents.pod.runner import RunnerConfig
 from agents.registry import default_registry
 from broker.core.schemas import Budget
@@ -323,45 +323,59 @@ def _train_agent(task: Task, algorithm: str, hparams: Mapping[str, Scalar], seed
                  budget: float, started: float, stop: threading.Event) -> _AgentRun:
     """Train one agent until the deadline, a measured target or ``stop``.
 
-    One round for the whole budget, as a lone pod trains; a round that ends on a claim of
-    the target (its evaluation crossed it) is measured as the updater measures a
-    tournament's (``measure_claim``), and a refuted claim trains on (the lone pod's
-    lineage is continued after the updater refutes its claim)."""
+    One round for the whole budget, as a lone pod trains. An evaluation that crosses the
+    target is a claim, reported while the round trains on (``target_ends_round=False``,
+    as a pod publishes it); it is measured on a thread of its own as the updater
+    measures a tournament's (``measure_claim``), and one that holds stops the round."""
     run = _AgentRun(algorithm, dict(hparams))
     registry = default_registry()
     config = resolve_config(registry, algorithm, hparams)
     env = make_env(task.env, config.num_envs, CPU)
     episodes = task.in_training_episodes()
     eval_env = make_env(task.env, episodes, CPU)
-    try:
-        agent = build_agent(registry, algorithm, hparams, env, CPU, seed)
-        while (left := budget - (time.monotonic() - started)) > 0 and not stop.is_set():
+    lock = threading.Lock()
+
+    def measure(state: dict[str, torch.Tensor], claimed_at: float, tries: int) -> None:
+        # the tournament's clock stops at its checkpoint's creation, before the updater
+        # measures it: the claim's own time counts here too
+        assert task.target is not None  # only a target is claimed
+        held = measure_claim(task.env, algorithm, hparams, state, seed * 1000 + tries) \
+            >= task.target
+        with lock:
+            if run.reached_at is not None:  # measured in order: an earlier claim held
+                return
+            if not held:
+                run.refuted += 1
+                return
+            run.reached_at, run.target_state = claimed_at, state
+        stop.set()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as measurer:
+        claims = 0
+
+        def on_progress(progress: Progress) -> None:
+            nonlocal claims
+            if progress.snapshot is not None and progress.snapshot.claim:
+                measurer.submit(measure, progress.snapshot.state, time.monotonic() - started,
+                                claims)
+                claims += 1
+
+        try:
+            agent = build_agent(registry, algorithm, hparams, env, CPU, seed)
             # the pod's cadence and target watch (POD): what a lone `podracer train` pod does
+            left = budget - (time.monotonic() - started)
             result = train_round(agent, env, eval_env, Budget(seconds=max(left, 0.1)),
-                                 eval_every_s=POD.eval_every_s,
+                                 eval_every_s=POD.eval_every_s, on_progress=on_progress,
                                  should_stop=stop.is_set, eval_episodes=episodes,
-                                 target=task.target, snapshot_every_s=POD.snapshot_every_s)
+                                 target=task.target, snapshot_every_s=POD.snapshot_every_s,
+                                 target_ends_round=False)
             run.env_steps += result.env_steps
-            if result.best_state is None or not math.isfinite(result.best_mean):
-                break
-            if run.best_score is None or result.best_mean > run.best_score:
+            if result.best_state is not None and math.isfinite(result.best_mean):
                 run.best_score, run.best_state = result.best_mean, result.best_state
-            if task.target is None or result.best_mean < task.target:
-                break
-            # the evaluation that reached the target ended the round (its state is the
-            # round's best), or the final one at the deadline did; the tournament's
-            # clock stops at its checkpoint's creation, before the updater measures it
-            claimed_at = time.monotonic() - started
-            if measure_claim(task.env, algorithm, hparams, result.best_state,
-                             seed * 1000 + run.refuted) >= task.target:
-                run.reached_at, run.target_state = claimed_at, result.best_state
-                stop.set()
-            else:
-                run.refuted += 1  # and the next round trains on from the refuted claim
-        return run
-    finally:
-        env.close()
-        eval_env.close()
+        finally:
+            env.close()
+            eval_env.close()
+    return run
 
 
 def _score_agents(task: Task, result: RunResult, runs: list[_AgentRun]) -> RunResult:

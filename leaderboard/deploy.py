@@ -33,7 +33,7 @@ from torch import nn
 
 from broker.core.errors import ConfigError
 from leaderboard.export import Policy
-from leaderboard.store import Entry
+from leaderboard.store import Entry, short_id
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ def choose_members(entries: Sequence[Entry], *, keep_weak: bool) -> tuple[list[E
     kept, weak = split_weak(entries)
     if not weak:
         return list(entries), ""
-    listed = ", ".join(f"{e.id[:12]} ({e.score_mean:.1f})" for e in weak)
+    listed = ", ".join(f"{short_id(e.id)} ({e.score_mean:.1f})" for e in weak)
     if keep_weak:
         return list(entries), (f"warning: kept {len(weak)} member(s) far below the best "
                                f"{entries[0].score_mean:.1f}: {listed} (--keep-weak)")

@@ -42,7 +42,7 @@ from agents.build import build_agent, resolve_config
 from broker.core import codec
 from broker.core.errors import ConfigError, DecodeError
 from envs.registry import make_env
-from leaderboard.store import Entry, LeaderboardStore
+from leaderboard.store import Entry, LeaderboardStore, short_id
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class Policy:
         self.device = device
 
     def __repr__(self) -> str:
-        ids = ", ".join(m.id[:12] for m in self.members)
+        ids = ", ".join(short_id(m.id) for m in self.members)
         return f"Policy(env={self.env!r}, members=[{ids}])"
 
     @torch.no_grad()
@@ -136,17 +136,24 @@ class Policy:
 
 
 def resolve_entry(store: LeaderboardStore, prefix: str, field: str = "id") -> Entry:
-    """The entry whose id is ``prefix`` or uniquely starts with it; else ``ConfigError``."""
+    """The entry whose id is ``prefix`` or uniquely starts with it, as tables show ids
+    (``leaderboard.store.short_id``): ``<round prefix>`` names a round's own checkpoint
+    (or its only link, when the round has no checkpoint of its own),
+    ``<round prefix>.<k>`` that round's link ``k``; else ``ConfigError``."""
     exact = store.get(prefix)
     if exact is not None:
         return exact
     count = store.count()
-    matches = ([e for e in store.top(count) if e.id.startswith(prefix)]
-               if prefix and count else [])
+    head, dot, link = prefix.partition(".")
+    entries = store.top(count) if prefix and count else []
+    rounds = [(e, *e.id.partition(".")[::2]) for e in entries]
+    matches = [e for e, h, k in rounds if h.startswith(head) and k == link]
+    if not matches and not dot:
+        matches = [e for e, h, _ in rounds if h.startswith(head)]
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        best = [e.id[:12] for e in store.top(_MAX_CANDIDATES)] if count else []
+        best = [short_id(e.id) for e in store.top(_MAX_CANDIDATES)] if count else []
         raise ConfigError(field, f"no checkpoint id starts with {prefix!r} in {store.root}",
                           f"known ids include: {', '.join(best)}" if best
                           else "the store is empty")
@@ -283,7 +290,7 @@ def build_policy(env: str, members: Sequence[tuple[PolicyMember, Mapping[str, to
             finally:
                 venv.close()
         except ConfigError as exc:
-            raise ConfigError(f"members[{index}] ({member.id[:12]}).{exc.field}", exc.problem,
+            raise ConfigError(f"members[{index}] ({short_id(member.id)}).{exc.field}", exc.problem,
                               exc.fix) from None
         agents.append(agent)
     if action_space is None:

@@ -76,6 +76,14 @@ def _translated(action: str) -> Iterator[None]:
         raise LeaderboardError(f"leaderboard {action} failed: {exc}") from None
 
 
+def short_id(checkpoint_id: str, width: int = 12) -> str:
+    """``checkpoint_id`` as tables show it: its round's id cut to ``width``, and the link
+    (``<round>.<k>``, an intermediate checkpoint of that round: ``agents.pod.chain``) kept,
+    so a round's own checkpoint and its links never look alike."""
+    head, dot, link = checkpoint_id.partition(".")
+    return head[:width] + dot + link
+
+
 @dataclasses.dataclass(frozen=True)
 class Entry:
     """One stored checkpoint: its metadata and a reference to its state blob."""

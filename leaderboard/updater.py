@@ -67,7 +67,7 @@ from envs.spaces import spaces_of
 from leaderboard.claims import ClaimCheck, Settled
 from leaderboard.contract import StateContract
 from leaderboard.janitor import SWEEP_EVERY_S, release_refused, sweep_orphans
-from leaderboard.store import LeaderboardStore, Retention
+from leaderboard.store import LeaderboardStore, Retention, short_id
 
 log = logging.getLogger(__name__)
 
@@ -278,12 +278,12 @@ class Updater:
             return
         await delivery.ack()
         if score is None:
-            log.info("checkpoint %s was already stored (redelivery)", checkpoint.id[:8])
+            log.info("checkpoint %s was already stored (redelivery)", short_id(checkpoint.id, 8))
             return
         self.stored += 1
         # the stored score: the updater's own measurement when it re-evaluated the claim
         log.info("stored %s from %s: %s score %.2f (best %.2f, %d in store)",
-                 checkpoint.id[:8], checkpoint.pod, checkpoint.algorithm,
+                 short_id(checkpoint.id, 8), checkpoint.pod, checkpoint.algorithm,
                  score, changed.best_score if changed else float("nan"),
                  changed.checkpoints if changed else -1)
         if changed is not None:

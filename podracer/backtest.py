@@ -59,6 +59,7 @@ def _market_of(args: argparse.Namespace, env_name: str, device: str) -> Market:
 def cmd_backtest(args: argparse.Namespace) -> int:
     """Backtest a policy file, a store's top-k ensemble or every snapshot of a store."""
     from leaderboard.export import load_policy, policy_env, policy_from_store
+    from leaderboard.store import short_id
     from podracer.backtest_snapshots import cmd_snapshots
     from podracer.inspect_cli import open_store
 
@@ -93,7 +94,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
                 return cmd_snapshots(args, store, _market_of(args, env_name, device), device)
             policy = policy_from_store(store, [e.id for e in best], device)
         label = (f"top-{len(best)} ensemble" if len(best) > 1
-                 else f"best ({best[0].algorithm} {best[0].id[:12]})")
+                 else f"best ({best[0].algorithm} {short_id(best[0].id)})")
         out_dir = Path(args.store)
     where = _market_of(args, env_name, device)
     check_fits(policy, where.env)

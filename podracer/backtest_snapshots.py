@@ -17,7 +17,7 @@ import numpy as np
 
 from broker.core.errors import ConfigError
 from envs.stock.backtest import run_policy
-from leaderboard.store import Entry, LeaderboardStore
+from leaderboard.store import Entry, LeaderboardStore, short_id
 from podracer.backtest_market import (
     METRICS,
     Act,
@@ -55,7 +55,7 @@ def backtest_snapshots(store: LeaderboardStore, build: Callable[[Sequence[str]],
         policy = build([entry.id])
         values = run_policy(policy, where.env)
         found.append(Snapshot(entry, entry.created - start,
-                              curve(f"{entry.algorithm} {entry.id[:12]}", values)))
+                              curve(f"{entry.algorithm} {short_id(entry.id)}", values)))
     return found
 
 

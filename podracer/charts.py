@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from leaderboard.store import Entry
+from leaderboard.store import Entry, short_id
 from podracer.chart_data import (
     TARGET_COLOUR,
     best_entry,
@@ -106,7 +106,8 @@ def tournament_figure(entries: list[Entry], start: float, target: float | None =
             ax.axhline(target, color=TARGET_COLOUR, ls="--", lw=1.2, zorder=0)
         left = x(best) < horizon / 2  # the label on the side with room, off the y ticks
         ax.annotate(f"best {best.score_mean:.1f} ± {best.score_std:.1f} ({best.algorithm} "
-                    f"{best.id[:8]})", (x(best), best.score_mean), xytext=(6 if left else -6, 6),
+                    f"{short_id(best.id, 8)})", (x(best), best.score_mean),
+                    xytext=(6 if left else -6, 6),
                     textcoords="offset points", ha="left" if left else "right", va="bottom",
                     fontsize=8)
         ax.set_xlim(0, horizon * 1.02)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.core.errors import ConfigError
-from leaderboard.store import DB_NAME, Entry, LeaderboardStore
+from leaderboard.store import DB_NAME, Entry, LeaderboardStore, short_id
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +89,10 @@ def _score(entry: Entry) -> str:
 
 
 def leaderboard_table(entries: Sequence[Entry]) -> str:
-    """The top-K table: rank, id[:12], algorithm, score, env steps, the share of its
+    """The top-K table: rank, id (``short_id``), algorithm, score, env steps, the share of its
     training data from the experience pool, generation, parent, pod."""
-    rows = [(str(rank), e.id[:12], e.algorithm, _score(e), f"{e.env_steps:,}",
-             f"{e.pool_share:.0%}", str(e.generation), (e.parent_id or "-")[:12], e.pod)
+    rows = [(str(rank), short_id(e.id), e.algorithm, _score(e), f"{e.env_steps:,}",
+             f"{e.pool_share:.0%}", str(e.generation), short_id(e.parent_id or "-"), e.pod)
             for rank, e in enumerate(entries, start=1)]
     return format_table(_TABLE_HEAD, rows)
 
@@ -109,7 +109,7 @@ def _changes(entry: Entry, parent: Entry | None) -> str:
 def lineage_table(chain: Sequence[Entry]) -> str:
     """One row per ancestor, newest first, with the hyperparameters it changed."""
     head = ("gen", "id", "algorithm", "score", "env steps", "pod", "changed vs parent")
-    rows = [(str(e.generation), e.id[:12], e.algorithm, _score(e), f"{e.env_steps:,}", e.pod,
+    rows = [(str(e.generation), short_id(e.id), e.algorithm, _score(e), f"{e.env_steps:,}", e.pod,
              _changes(e, chain[i + 1] if i + 1 < len(chain) else None))
             for i, e in enumerate(chain)]
     return format_table(head, rows)
@@ -141,7 +141,7 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
             print(f"lineage of {entry.id} ({len(chain)} checkpoint(s), newest first)")
             print(lineage_table(chain))
             if chain[-1].parent_id is not None:
-                print(f"(parent {chain[-1].parent_id[:12]} of the oldest is not in the store)")
+                print(f"(parent {short_id(chain[-1].parent_id)} of the oldest is not in the store)")
             return 0
         k = positive(args.rows, "--rows")
         entries = store.top(k)
@@ -210,7 +210,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         result = evaluate(policy, env, episodes, seed=args.seed)
     finally:
         env.close()
-    members = ", ".join(m.id[:12] for m in policy.members)
+    members = ", ".join(short_id(m.id) for m in policy.members)
     print(f"{name}: {result.mean:.2f} ± {result.std:.2f} over {result.episodes} episodes "
           f"(seed {args.seed}; {len(policy.members)} member(s): {members})")
     return 0

@@ -25,7 +25,7 @@ from typing import Any
 
 from broker.core.errors import ConfigError
 from broker.core.extras import MissingExtra
-from leaderboard.store import Entry, LeaderboardStore
+from leaderboard.store import Entry, LeaderboardStore, short_id
 from podracer.chart_data import (  # noqa: F401  (re-exported: the report's data helpers)
     PALETTE,
     Round,
@@ -73,7 +73,8 @@ def summary_line(entries: list[Entry], start: float) -> str:
     steps = sum(e.env_steps for e in entries)
     rate = f"; {steps / span:,.0f} env steps/s on average" if span > 0 else ""
     return (f"{plural(len(entries), 'checkpoint')} from {plural(len(rounds(entries)), 'round')} "
-            f"over {span:.0f}s; best {best.score_mean:.1f} ({best.algorithm} {best.id[:12]}){rate}")
+            f"over {span:.0f}s; best {best.score_mean:.1f} ({best.algorithm} "
+            f"{short_id(best.id)}){rate}")
 
 
 def write_report(out: Path, started_wall: float, *, target: float | None = None) -> Summary:

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from broker.core.experiment import Experiment
 from broker.core.extras import importable
 from broker.core.schemas import Metrics
-from leaderboard.store import Entry
+from leaderboard.store import Entry, short_id
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class TensorBoardTracker:
         """See ``Tracker``: one hparams session per checkpoint."""
         roots = lineage_of(entries)
         for entry in entries:
-            run = f"hparams/{entry.algorithm}-{entry.id[:12]}"
+            run = f"hparams/{entry.algorithm}-{short_id(entry.id)}"
             writer = self._make(str(self.root / run))
             # run_name "." keeps the session in this run's own directory
             writer.add_hparams(hparams_of(entry, roots[entry.id]),
@@ -194,7 +194,7 @@ class MLflowTracker:
         roots = lineage_of(entries)
         for entry in entries:
             run_id = self.client.create_run(
-                self.experiment_id, run_name=f"{entry.algorithm}-{entry.id[:12]}",
+                self.experiment_id, run_name=f"{entry.algorithm}-{short_id(entry.id)}",
                 start_time=int((entry.created - entry.wall_time) * 1000),
                 tags={"podracer.kind": "checkpoint", "podracer.checkpoint": entry.id,
                       "podracer.parent": entry.parent_id or ""}).info.run_id

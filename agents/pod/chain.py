@@ -76,15 +76,17 @@ class Chain:
                                       snapshot.pool_rows)
         previous = self._tasks[-1] if self._tasks else None
         self._tasks.append(asyncio.get_running_loop().create_task(
-            self._send(checkpoint, previous)))
+            self._send(checkpoint, previous, "claim of the target" if snapshot.claim
+                       else "intermediate best")))
 
-    async def _send(self, checkpoint: Checkpoint, previous: asyncio.Task[None] | None) -> None:
+    async def _send(self, checkpoint: Checkpoint, previous: asyncio.Task[None] | None,
+                    what: str) -> None:
         if previous is not None:
             await asyncio.shield(previous)
         if not await self.pod.publish_checkpoint(checkpoint):
             raise PublishError(f"intermediate checkpoint {checkpoint.id} not published")
-        log.info("%s: round %s: intermediate best %.2f published", self.pod.ctx.name,
-                 self.init.id[:8], checkpoint.score_mean)
+        log.info("%s: round %s: %s %.2f published", self.pod.ctx.name, self.init.id[:8], what,
+                 checkpoint.score_mean)
 
     async def published(self) -> None:
         """Wait for the intermediate bests to be confirmed (a failure raises)."""

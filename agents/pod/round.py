@@ -20,8 +20,15 @@ Round semantics (documented here because the pod and the leaderboard rely on the
   snapshot whenever a lucky early evaluation beat the final one.) ``best_state`` and
   ``best_mean`` keep the best evaluation of the round, for callers that select
   snapshots (a lone agent's best checkpoint).
-* An evaluation that reaches ``target`` ends the round at once: the pod publishes,
-  the leaderboard hears of the hit, and the experiment stops within one evaluation.
+* An evaluation that reaches ``target`` is a claim. By default it ends the round at
+  once (``target_ends_round``): the caller measures the claim before it trains on. A
+  pod instead reports it as a ``Snapshot`` (``claim`` set) and trains on
+  (``target_ends_round=False``): it publishes the claim at once, the updater measures
+  it, and a claim that holds stops the experiment (``should_stop``) while one that is
+  refuted costs the lineage nothing. (Ending the round cost a refuted claim its round:
+  on Pendulum, a PPO lineage at -205 measured gave its pod to a first TD3 round and the
+  run reached the target 9 s later, on SAC.) Every evaluation at the target claims,
+  the round's best or not: the last claim's measurement may have been unlucky.
 * With ``snapshot_every_s``, a long round reports intermediate bests: an evaluation
   looks for one every ``snapshot_every_s`` (not in the last half interval of a timed
   round, whose own checkpoint follows), and if it is the round's best so far, a
@@ -89,6 +96,9 @@ class Snapshot:
     """Seconds since the previous snapshot (or the round's start)."""
     pool_rows: int = 0
     """Transitions taken from the experience pool since the previous snapshot."""
+    claim: bool = False
+    """Its evaluation reached the target (``target_ends_round=False``: the round trains
+    on while the claim is measured)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +137,8 @@ class RoundResult:
     diverged: bool = False
     """An evaluation was not finite (the agent's weights blew up)."""
     reached_target: bool = False
-    """An evaluation reached the target and ended the round."""
+    """An evaluation reached the target (and ended the round, unless it was reported as
+    a claim and the round trained on: ``target_ends_round``)."""
     eval_every_s: float | None = None
     """The evaluation interval the round ended with (``"auto"`` adapts it)."""
     pool_rows: int = 0
@@ -147,7 +158,7 @@ class _Evaluations:
                  every_s: float | str | None, target: float | None,
                  snapshot_every_s: float | None, auto_start_s: float | None,
                  feed: Feed | None = None, seed: int | None = None,
-                 budget_s: float | None = None) -> None:
+                 budget_s: float | None = None, target_ends_round: bool = True) -> None:
         self.agent = agent
         self.feed = feed
         self.seed = seed
@@ -159,6 +170,7 @@ class _Evaluations:
         # "auto" evaluates within a round only to catch the target
         self.watch = not self.auto or target is not None
         self.target = target
+        self.target_ends_round = target_ends_round
         self.snapshot_every_s = snapshot_every_s
         self.budget_s = budget_s
         self.snapshot: Snapshot | None = None
@@ -205,17 +217,25 @@ class _Evaluations:
             self.diverged = True
             log.warning("evaluation is not finite (%s): the agent diverged; ending the round",
                         result.mean)
-        elif self.best.offer(result, self.agent.state_dict, steps):
-            if self.target is not None and result.mean >= self.target:
-                self.reached = True
-            elif look and self.best.state is not None:
-                at, at_steps, at_pool = self.snapshot_at
-                pool = self.pool_rows
-                self.snapshot = Snapshot(result.mean, result.std, dict(self.best.state),
-                                         self.agent.env_steps - at_steps, self.last - at,
-                                         pool - at_pool)
-                self.snapshot_at = (self.last, self.agent.env_steps, pool)
+        else:
+            best = self.best.offer(result, self.agent.state_dict, steps)
+            claim = self.target is not None and result.mean >= self.target
+            self.reached = self.reached or claim
+            if claim and not self.target_ends_round:
+                state = dict(self.best.state) if best and self.best.state is not None else {
+                    k: v.detach().clone() for k, v in self.agent.state_dict().items()}
+                self._report(result, state, claim=True)
+            elif best and not claim and look and self.best.state is not None:
+                self._report(result, dict(self.best.state))
         return result
+
+    def _report(self, result: EvalResult, state: dict[str, torch.Tensor], *,
+                claim: bool = False) -> None:
+        at, at_steps, at_pool = self.snapshot_at
+        pool = self.pool_rows
+        self.snapshot = Snapshot(result.mean, result.std, state, self.agent.env_steps - at_steps,
+                                 self.last - at, pool - at_pool, claim)
+        self.snapshot_at = (self.last, self.agent.env_steps, pool)
 
     @property
     def pool_rows(self) -> int:
@@ -229,8 +249,8 @@ class _Evaluations:
 
     @property
     def over(self) -> bool:
-        """The round must end now: diverged, or the target was reached."""
-        return self.diverged or self.reached
+        """The round must end now: diverged, or the target was reached and ends it."""
+        return self.diverged or (self.reached and self.target_ends_round)
 
 
 def train_round(
@@ -248,6 +268,7 @@ def train_round(
     auto_start_s: float | None = None,
     feed: Feed | None = None,
     eval_seed: int | None = None,
+    target_ends_round: bool = True,
 ) -> RoundResult:
     """Train ``agent`` on ``env`` until ``budget``, ``target`` or ``should_stop()``; see
     the module doc. ``auto_start_s`` is the first interval of ``eval_every_s="auto"``
@@ -256,9 +277,11 @@ def train_round(
     the last snapshot is that minus the snapshots' own (``pool_rows`` too). ``feed``
     syncs after every iteration (the experience pool's link) and its metrics join the
     iteration's. ``eval_seed`` seeds every evaluation's episodes (``None``: the eval
-    env's own RNG)."""
+    env's own RNG). ``target_ends_round=False``: an evaluation at the target is reported
+    to ``on_progress`` as a claim and the round trains on (module doc)."""
     evals = _Evaluations(agent, eval_env, eval_episodes, eval_every_s, target,
-                         snapshot_every_s, auto_start_s, feed, eval_seed, budget.seconds)
+                         snapshot_every_s, auto_start_s, feed, eval_seed, budget.seconds,
+                         target_ends_round or on_progress is None)  # a claim needs a hearer
     start = evals.start
     metrics: dict[str, float] = {}
     final: EvalResult | None = None

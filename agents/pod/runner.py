@@ -216,7 +216,8 @@ class RoundRunner:
                                  snapshot_every_s=self.config.snapshot_every_s,
                                  auto_start_s=self._eval_every.get(job.env),
                                  feed=link,
-                                 eval_seed=job.seed if self.config.seeded_eval else None)
+                                 eval_seed=job.seed if self.config.seeded_eval else None,
+                                 target_ends_round=False)  # the pod publishes its claims
         except BaseException as exc:
             for env in [*envs, eval_env]:  # mid-episode state of a failed round: rebuild
                 env.close()

@@ -8,10 +8,11 @@ with a broker confirm, and only then acks the initialization.
 
 A child continues its lineage: it starts with the replay rows its parent's round ended
 with when this process holds them (``agents.pod.continuity``), explores with random
-streams of its own seed, and the envs of the previous round are reused. A round ends
-early, and is published at once, when an evaluation reaches the experiment's target; a
-long round also publishes its intermediate bests (``<init>.<k>``) as it goes, each
-continued by the next and the last by the round's own checkpoint;
+streams of its own seed, and the envs of the previous round are reused. An evaluation
+that reaches the experiment's target is published at once as a claim while the round
+trains on (a claim that holds stops the experiment); a long round also publishes its
+intermediate bests (``<init>.<k>``) as it goes, each continued by the next and the last
+by the round's own checkpoint;
 a round whose agent diverged before any finite evaluation is dropped (acked, not
 published: a redelivery would diverge again). So:
 

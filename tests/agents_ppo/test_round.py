@@ -95,6 +95,26 @@ def test_an_evaluation_at_the_target_ends_the_round_at_once() -> None:
     assert not missed.reached_target and len(missed.curve) == 3  # 2 iterations + final
 
 
+
+def test_a_pod_reports_every_claim_of_the_target_and_trains_on() -> None:
+    env, eval_env = ScriptedEnv(8), ScriptedEnv(2)
+    agent = build_agent(default_registry(), "ppo", config_to_hparams(SMALL), env, CPU, 0)
+    progress: list[Progress] = []
+    per_iteration = SMALL.num_envs * SMALL.rollout_steps
+    # every scripted evaluation scores 1.0: each of the 3 iterations' evaluations claims
+    result = train_round(agent, env, eval_env, Budget(steps=3 * per_iteration),
+                         eval_every_s=0.0, on_progress=progress.append, eval_episodes=2,
+                         target=1.0, target_ends_round=False)
+    assert result.env_steps == 3 * per_iteration and result.reached_target
+    claims = [p.snapshot for p in progress if p.snapshot is not None]
+    assert len(claims) == 3 and all(c.claim and c.score_mean == 1.0 for c in claims)
+    assert [c.env_steps for c in claims] == [per_iteration] * 3  # each since the last
+    assert claims[-1].state.keys() == agent.state_dict().keys()
+    # with nobody to hear a claim, the round ends on it, as by default
+    alone = train_round(agent, env, eval_env, Budget(seconds=60.0), eval_every_s=0.0,
+                        eval_episodes=2, target=1.0, target_ends_round=False)
+    assert alone.reached_target and alone.env_steps == per_iteration
+
 class _Diverging:
     """An agent whose weights blew up: every action is NaN."""
 

@@ -12,6 +12,7 @@ import torch
 import podracer
 from broker.core import codec
 from broker.core.errors import ConfigError
+from broker.core.schemas import Checkpoint
 from leaderboard.export import (
     FORMAT,
     Policy,
@@ -21,8 +22,8 @@ from leaderboard.export import (
     policy_from_store,
     resolve_entry,
 )
-from leaderboard.store import LeaderboardStore
-from tests.cli.cli_store import ENV, ROWS, build_store, make_agent
+from leaderboard.store import LeaderboardStore, short_id
+from tests.cli.cli_store import ENV, HPARAMS, ROWS, build_store, make_agent
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -107,6 +108,28 @@ def test_resolve_entry_rejects_unknown_and_ambiguous_prefixes(store_root: Any) -
         assert ROWS[0].id in str(ambiguous.value) and ROWS[2].id in str(ambiguous.value)
         assert ambiguous.value.field == "--lineage"
 
+
+
+def test_an_id_as_tables_show_it_names_a_round_or_one_of_its_links(tmp_path: Path) -> None:
+    # a round that claimed the target trains on: its claim ``<round>.1`` and its own
+    # checkpoint ``<round>`` share every prefix of the round's id
+    state = make_agent(0).state_dict()
+    with LeaderboardStore(tmp_path) as store:
+        for i, (cid, parent) in enumerate((("e5a0000000000000.1", None),
+                                           ("e5a0000000000000", "e5a0000000000000.1"),
+                                           ("f7b0000000000000.1", None))):
+            store.insert(Checkpoint(
+                id=cid, experiment="clitest", init_id=cid.partition(".")[0], pod="pod-0",
+                algorithm="ppo", env=ENV, hparams=dict(HPARAMS), state=state,
+                score_mean=-100.0 - i, score_std=1.0, env_steps=1, wall_time=1.0,
+                parent_id=parent, generation=i, created=1000.0 + i))
+        assert short_id("e5a0000000000000.1") == "e5a000000000.1"
+        assert short_id("e5a0000000000000", 8) == "e5a00000"
+        assert resolve_entry(store, "e5a").id == "e5a0000000000000"  # the round's own
+        assert resolve_entry(store, "e5a000000000.1").id == "e5a0000000000000.1"
+        assert resolve_entry(store, "f7b").id == "f7b0000000000000.1"  # its only link
+        with pytest.raises(ConfigError, match=r"no checkpoint id starts with 'e5a\.2'"):
+            resolve_entry(store, "e5a.2")
 
 class _Fixed:
     """A stand-in agent whose deterministic action is fixed."""
