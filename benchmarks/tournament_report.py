@@ -152,6 +152,20 @@ def _pool_lines(rows: dict[str, Row]) -> list[str]:
             for r in rows[method].runs if not r.failed]
 
 
+def speed_line(rows: dict[str, Row]) -> str | None:
+    """The machine's speed, read off the lone rows: env steps per second of training,
+    a mean over runs (``None``: no lone row ran). Tables of different days compare
+    only at similar speeds (this 2-core machine has measured 2x apart)."""
+    cells = []
+    for method, row in rows.items():
+        rates = [r.env_steps / r.wall for r in row.runs
+                 if method in LONE and not r.failed and r.wall > 0 and r.env_steps]
+        if rates:
+            cells.append(f"{method} {statistics.fmean(rates):,.0f}")
+    return "env steps per second of the lone rows (this machine's speed): " + ", ".join(
+        cells) if cells else None
+
+
 def report(tasks: list[Task], budgets: dict[str, float], results: list[RunResult]) -> str:
     """The tables of every task, then the raw per-run values."""
     out: list[str] = []
@@ -167,6 +181,8 @@ def report(tasks: list[Task], budgets: dict[str, float], results: list[RunResult
             out.append(f"\n== {task.key} ({task.env}): 10-episode deterministic score "
                        f"after {cap:g} s ==")
             out += _score_table(rows)
+        speed = speed_line(rows)
+        out += [speed] if speed else []
         out += _pool_lines(rows)
         out.append("per run (time to target s/confirm, claims refuted before it):"
                    if task.target is not None else "per run (score):")

@@ -37,7 +37,8 @@ def test_the_report_prints_pool_shares_the_ablation_note_and_the_sb3_ratio() -> 
         RunResult("pendulum", "tournament-nopool", 0, time_to_target=9.0, confirm=-160.0,
                   wall=10.0, algorithm="ppo", pool_share={"ppo": 0.0},
                   pool_share_best=0.0, pool_share_all=0.0),
-        RunResult("pendulum", "ppo", 0, time_to_target=7.5, confirm=-170.0),
+        RunResult("pendulum", "ppo", 0, time_to_target=7.5, confirm=-170.0, env_steps=600_000,
+                  wall=7.5),
         RunResult("pendulum", "sb3-ppo", 0, time_to_target=12.0, confirm=-180.0),
     ]
     text = report([TASKS["pendulum"]], {"pendulum": 60.0}, results)
@@ -48,6 +49,9 @@ def test_the_report_prints_pool_shares_the_ablation_note_and_the_sb3_ratio() -> 
     row = next(line for line in text.splitlines() if line.startswith("tournament "))
     # 6 s against the best lone 7.5 s and against SB3's 12 s in the same run
     assert "0.80" in row.split() and "0.50" in row.split()
+    # the machine's speed, from the lone row only (8e4 env steps/s)
+    assert ("env steps per second of the lone rows (this machine's speed): ppo 80,000"
+            in text.splitlines())
     older = RunResult("pendulum", "tournament", 1)  # recorded before checkpoints had it
     assert pool_line("tournament", older).endswith(": not recorded")
 
