@@ -125,7 +125,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from broker.core.errors import ConfigError
-from broker.core.experiment_specs import HANDOVERS, KEEPERS, check_rules
+from broker.core.experiment_specs import FLOORS, HANDOVERS, KEEPERS, check_rules
 from leaderboard.curves import Curve, cost, exploring, leader, pairs, shares, slope
 from leaderboard.selection import SelectionStrategy, ranked, significantly_better
 from leaderboard.store import Entry, LeaderboardStore
@@ -179,6 +179,9 @@ class PopulationConfig:
     handover: str = HANDOVERS[0]
     """When another algorithm is to keep a pod while the last keeper's long round runs:
     once that round ends (``same-pod``) or at the next free pod (``next-pod``)."""
+    floor: str = FLOORS[0]
+    """Who the exploring pods keep at its floor: ``behind`` every other at equal training,
+    or also improving slower than each of them (``behind-slower``; ``exploring``)."""
     explore_p: float = 0.0
     """Probability that a round starts a fresh lineage with sampled hyperparameters."""
     window: int = 4
@@ -199,7 +202,7 @@ class PopulationConfig:
             raise ConfigError("population.ready_s", f"must be >= 0, got {self.ready_s}")
         if not 0.0 <= self.min_share <= 1.0:
             raise ConfigError("population.min_share", f"must be in [0, 1], got {self.min_share}")
-        check_rules(self.keeper, self.handover)
+        check_rules(self.keeper, self.handover, self.floor)
         if not 0.0 <= self.explore_p <= 1.0:
             raise ConfigError("explore_p", f"must be in [0, 1], got {self.explore_p}")
         if self.window < 2:
@@ -391,7 +394,8 @@ class Planner:
         second = self._second_round(curves)
         if second is not None:
             return second
-        weights = exploring(self.mix, curves, cfg.min_share, cfg.episodes, cfg.ready_s) \
+        weights = exploring(self.mix, curves, cfg.min_share, cfg.episodes, cfg.ready_s,
+                            cfg.window if cfg.floor == "behind-slower" else None) \
             if shared_pods else share
         # an algorithm not measured yet runs one round at a time (HalfCheetah, measured: a
         # second, fresh TD3 lineage started while the first was being measured, trained
