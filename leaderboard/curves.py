@@ -141,10 +141,13 @@ def exploring(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
 
 
 def shares(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
-           min_share: float, episodes: int = 1) -> dict[str, float]:
+           min_share: float, episodes: int = 1, evidence: bool = False) -> dict[str, float]:
     """Share of rounds per algorithm (``leaderboard.population``, step 1). ``curves`` maps
     an algorithm to its curve (``None`` or absent: not measured yet); ``episodes`` behind
-    each score."""
+    each score. With ``evidence``, a leader that beats nobody at equal training takes
+    nothing beyond the others: the mix (HalfCheetah, measured: PPO at -18 "led" SAC at
+    -134 by its higher best, nobody having learned, and took 0.52 of the rounds while
+    SAC's first lineage waited 60 s for its third round)."""
     total = sum(mix.values())
     weights = {a: w / total for a, w in mix.items()}
     if len(mix) == 1:
@@ -158,7 +161,10 @@ def shares(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
     pot = left - sum(floors.values())
     if pot <= 0.0:  # floors too large to leave anything to earn: the mix
         return weights
-    first = leader(measured, episodes)
+    tally = pairs(measured, episodes)
+    first = leader(measured, episodes, tally)
+    if evidence and (first is None or tally[first][0] == 0):
+        return weights
     return {**out, **{a: floors[a] + (pot if a == first else 0.0) for a in measured}}
 
 

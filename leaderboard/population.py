@@ -125,7 +125,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from broker.core.errors import ConfigError
-from broker.core.experiment_specs import FLOORS, HANDOVERS, KEEPERS, check_rules
+from broker.core.experiment_specs import FLOORS, HANDOVERS, KEEPERS, LEADS, check_rules
 from leaderboard.curves import Curve, cost, exploring, leader, pairs, shares, slope
 from leaderboard.selection import SelectionStrategy, ranked, significantly_better
 from leaderboard.store import Entry, LeaderboardStore
@@ -182,6 +182,10 @@ class PopulationConfig:
     floor: str = FLOORS[0]
     """Who the exploring pods keep at its floor: ``behind`` every other at equal training,
     or also improving slower than each of them (``behind-slower``; ``exploring``)."""
+    lead: str = LEADS[0]
+    """Who takes the rounds beyond the floors: the leader by pairs won, ties by the best
+    so far (``best``), or only a leader on evidence, else the mix (``evidence``;
+    ``shares``)."""
     explore_p: float = 0.0
     """Probability that a round starts a fresh lineage with sampled hyperparameters."""
     window: int = 4
@@ -202,7 +206,7 @@ class PopulationConfig:
             raise ConfigError("population.ready_s", f"must be >= 0, got {self.ready_s}")
         if not 0.0 <= self.min_share <= 1.0:
             raise ConfigError("population.min_share", f"must be in [0, 1], got {self.min_share}")
-        check_rules(self.keeper, self.handover, self.floor)
+        check_rules(self.keeper, self.handover, self.floor, self.lead)
         if not 0.0 <= self.explore_p <= 1.0:
             raise ConfigError("explore_p", f"must be in [0, 1], got {self.explore_p}")
         if self.window < 2:
@@ -363,7 +367,8 @@ class Planner:
     def allocation(self) -> dict[str, float]:
         """The share of rounds each algorithm gets now (module doc, step 1)."""
         cfg = self.config
-        return shares(self.mix, self._curves(), cfg.min_share, cfg.episodes)
+        return shares(self.mix, self._curves(), cfg.min_share, cfg.episodes,
+                      cfg.lead == "evidence")
 
     def _algorithm(self, share: Mapping[str, float]) -> str:
         total = sum(share.values())
@@ -381,7 +386,7 @@ class Planner:
         self._settle()
         cfg = self.config
         curves = self._curves()
-        share = shares(self.mix, curves, cfg.min_share, cfg.episodes)
+        share = shares(self.mix, curves, cfg.min_share, cfg.episodes, cfg.lead == "evidence")
         measured = {a: c for a, c in curves.items() if c is not None}
         tally = pairs(measured, cfg.episodes)
         first = leader(measured, cfg.episodes, tally)

@@ -21,6 +21,7 @@ from broker.core.experiment_specs import (
     FLOORS,
     HANDOVERS,
     KEEPERS,
+    LEADS,
     MutationConfig,
     PopulationSpec,
     SelectionSpec,
@@ -255,8 +256,9 @@ def _population(table: Table) -> PopulationSpec:
         min_share=table.required_number("min_share", 0.15, 0.0, 1.0),
         keeper=table.string("keeper", KEEPERS[0]),
         handover=table.string("handover", HANDOVERS[0]),
-        floor=table.string("floor", FLOORS[0]))
-    check_rules(spec.keeper, spec.handover, spec.floor)
+        floor=table.string("floor", FLOORS[0]),
+        lead=table.string("lead", LEADS[0]))
+    check_rules(spec.keeper, spec.handover, spec.floor, spec.lead)
     table.finish()
     return spec
 

@@ -60,13 +60,16 @@ HANDOVERS = ("same-pod", "next-pod")
 """The values of ``PopulationSpec.handover``, the default first."""
 FLOORS = ("behind", "behind-slower")
 """The values of ``PopulationSpec.floor``, the default first."""
+LEADS = ("best", "evidence")
+"""The values of ``PopulationSpec.lead``, the default first."""
 
 
-def check_rules(keeper: str, handover: str, floor: str = FLOORS[0]) -> None:
+def check_rules(keeper: str, handover: str, floor: str = FLOORS[0],
+                lead: str = LEADS[0]) -> None:
     """Refuse a ``population.keeper`` not in ``KEEPERS``, a ``handover`` not in
-    ``HANDOVERS``, a ``floor`` not in ``FLOORS``."""
+    ``HANDOVERS``, a ``floor`` not in ``FLOORS``, a ``lead`` not in ``LEADS``."""
     for name, value, values in (("keeper", keeper, KEEPERS), ("handover", handover, HANDOVERS),
-                                ("floor", floor, FLOORS)):
+                                ("floor", floor, FLOORS), ("lead", lead, LEADS)):
         if value not in values:
             raise ConfigError(f"population.{name}", f"unknown {name} {value!r}",
                               f"use one of {', '.join(values)}")
@@ -101,6 +104,11 @@ class PopulationSpec:
     ``behind``, one behind every other at equal training; ``behind-slower``, one behind
     every other that also improves slower than each of them over its last rounds (a slow
     starter catching up keeps its share: ``leaderboard.curves.exploring``)."""
+    lead: str = LEADS[0]
+    """Who takes the rounds beyond the floors (one pod, or before every algorithm is
+    measured): ``best``, the leader, by the most pairs won at equal training and, with
+    none won, by the higher best so far; ``evidence``, only a leader that beats another
+    at equal training, and with none, the mix (``leaderboard.curves.shares``)."""
 
 
 MIN_ROUND_S = 10.0

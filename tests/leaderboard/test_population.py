@@ -65,6 +65,14 @@ def test_shares_follow_the_mix_until_measured_then_the_leader() -> None:
     assert tied == pytest.approx({"ppo": 0.7, "sac": 0.15, "td3": 0.15})  # the mix's order
     weighted = shares({"ppo": 2.0, "sac": 1.0}, {"ppo": _risen(0.0), "sac": _risen(1.0)}, 0.15)
     assert weighted == pytest.approx({"ppo": 0.2, "sac": 0.8})  # floor scaled by the weight
+    # nobody has learned (each at its first evaluation): the higher best "leads" by the
+    # tie-break; with lead = "evidence" a leader that beats nobody takes nothing: the mix
+    flat = {"ppo": Curve(((20.0, -18.0, 0.0), (40.0, -18.0, 0.0))),
+            "sac": Curve(((20.0, -134.0, 0.0), (40.0, -134.0, 0.0)))}
+    assert shares(MIX, flat, 0.15) == pytest.approx({"td3": 1 / 3, "ppo": 2 / 3 - 0.15,
+                                                     "sac": 0.15})
+    assert shares(MIX, flat, 0.15, evidence=True) == pytest.approx(dict.fromkeys(MIX, 1 / 3))
+    assert shares(MIX, {"ppo": _risen(1.0), "sac": _risen(3.0)}, 0.15, evidence=True) == part
 
 
 def _curve(store: LeaderboardStore, algorithm: str, scores: list[float],
