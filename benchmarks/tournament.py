@@ -16,10 +16,7 @@ machine). Rows:
   with a fresh member's warm start from the newest pool rows, not off-policy rows first
   (``pool_warm_from``); ``tournament-nextpod``: with a new keeper's idle best lineage
   taking the next free pod while the last keeper's long round runs
-  (``population.handover``); ``tournament-slowerfloor``: with an algorithm behind every
-  other at equal training kept at its floor on the exploring pods only when it also
-  improves slower than each of them (``population.floor``;
-  ``tournament_runs.TOURNAMENTS``). Each
+  (``population.handover``; ``tournament_runs.TOURNAMENTS``). Each
   tournament run also prints the share of training data that came from the pool
   (``Checkpoint.pool_rows``; a mean over checkpoints): of the best checkpoint's lineage,
   of every member, and per algorithm (0 without the pool).

@@ -71,11 +71,6 @@ class Curve:
         """The best so far after ``training``."""
         return self.reading(training)[0]
 
-    def rate(self, window: int) -> float:
-        """How fast the best so far rose over the last ``window`` points: score per unit
-        of training, the least-squares slope (0 with one point)."""
-        return slope([(t, best) for t, best, _ in self.points[-window:]]) or 0.0
-
     def learned(self, training: float, episodes: int = 1) -> bool:
         """Whether the best so far after ``training`` is above the first evaluation by
         more than the noise of the two (nothing learned yet leads nothing)."""
@@ -120,34 +115,24 @@ def leader(curves: Mapping[str, Curve], episodes: int = 1,
 
 
 def exploring(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
-              min_share: float, episodes: int = 1, ready: float = 0.0,
-              window: int | None = None) -> dict[str, float]:
+              min_share: float, episodes: int = 1, ready: float = 0.0) -> dict[str, float]:
     """The weights of the exploring pods' round robin (``leaderboard.population``, step
     1): the mix, but an algorithm that has trained ``ready`` and is behind every other
     at equal training (it loses each of its ``pairs``) keeps only its floor,
-    ``min_share`` times its weight. With ``window``, one that is catching up keeps its
-    weight: its best so far rose faster per second of training, over its last
-    ``window`` points, than that of every other (``Curve.rate``)."""
+    ``min_share`` times its weight."""
     measured = {a: c for a in mix if (c := curves.get(a)) is not None}
     tally = pairs(measured, episodes)
     others = len(measured) - 1
     behind = {a for a, c in measured.items()
               if others > 0 and tally[a][1] == others and c.trained >= ready}
-    if window is not None:
-        rates = {a: c.rate(window) for a, c in measured.items()}
-        behind = {a for a in behind
-                  if not all(rates[a] > rates[b] for b in measured if b != a)}
     return {a: w * (min_share if a in behind else 1.0) for a, w in mix.items()}
 
 
 def shares(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
-           min_share: float, episodes: int = 1, evidence: bool = False) -> dict[str, float]:
+           min_share: float, episodes: int = 1) -> dict[str, float]:
     """Share of rounds per algorithm (``leaderboard.population``, step 1). ``curves`` maps
     an algorithm to its curve (``None`` or absent: not measured yet); ``episodes`` behind
-    each score. With ``evidence``, a leader that beats nobody at equal training takes
-    nothing beyond the others: the mix (HalfCheetah, measured: PPO at -18 "led" SAC at
-    -134 by its higher best, nobody having learned, and took 0.52 of the rounds while
-    SAC's first lineage waited 60 s for its third round)."""
+    each score."""
     total = sum(mix.values())
     weights = {a: w / total for a, w in mix.items()}
     if len(mix) == 1:
@@ -161,10 +146,7 @@ def shares(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
     pot = left - sum(floors.values())
     if pot <= 0.0:  # floors too large to leave anything to earn: the mix
         return weights
-    tally = pairs(measured, episodes)
-    first = leader(measured, episodes, tally)
-    if evidence and (first is None or tally[first][0] == 0):
-        return weights
+    first = leader(measured, episodes)
     return {**out, **{a: floors[a] + (pot if a == first else 0.0) for a in measured}}
 
 

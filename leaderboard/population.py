@@ -125,7 +125,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from broker.core.errors import ConfigError
-from broker.core.experiment_specs import FLOORS, HANDOVERS, KEEPERS, LEADS, check_rules
+from broker.core.experiment_specs import HANDOVERS, KEEPERS, check_rules
 from leaderboard.curves import Curve, cost, exploring, leader, pairs, shares, slope
 from leaderboard.selection import SelectionStrategy, ranked, significantly_better
 from leaderboard.store import Entry, LeaderboardStore
@@ -179,13 +179,6 @@ class PopulationConfig:
     handover: str = HANDOVERS[0]
     """When another algorithm is to keep a pod while the last keeper's long round runs:
     once that round ends (``same-pod``) or at the next free pod (``next-pod``)."""
-    floor: str = FLOORS[0]
-    """Who the exploring pods keep at its floor: ``behind`` every other at equal training,
-    or also improving slower than each of them (``behind-slower``; ``exploring``)."""
-    lead: str = LEADS[0]
-    """Who takes the rounds beyond the floors: the leader by pairs won, ties by the best
-    so far (``best``), or only a leader on evidence, else the mix (``evidence``;
-    ``shares``)."""
     explore_p: float = 0.0
     """Probability that a round starts a fresh lineage with sampled hyperparameters."""
     window: int = 4
@@ -206,7 +199,7 @@ class PopulationConfig:
             raise ConfigError("population.ready_s", f"must be >= 0, got {self.ready_s}")
         if not 0.0 <= self.min_share <= 1.0:
             raise ConfigError("population.min_share", f"must be in [0, 1], got {self.min_share}")
-        check_rules(self.keeper, self.handover, self.floor, self.lead)
+        check_rules(self.keeper, self.handover)
         if not 0.0 <= self.explore_p <= 1.0:
             raise ConfigError("explore_p", f"must be in [0, 1], got {self.explore_p}")
         if self.window < 2:
@@ -367,8 +360,7 @@ class Planner:
     def allocation(self) -> dict[str, float]:
         """The share of rounds each algorithm gets now (module doc, step 1)."""
         cfg = self.config
-        return shares(self.mix, self._curves(), cfg.min_share, cfg.episodes,
-                      cfg.lead == "evidence")
+        return shares(self.mix, self._curves(), cfg.min_share, cfg.episodes)
 
     def _algorithm(self, share: Mapping[str, float]) -> str:
         total = sum(share.values())
@@ -386,7 +378,7 @@ class Planner:
         self._settle()
         cfg = self.config
         curves = self._curves()
-        share = shares(self.mix, curves, cfg.min_share, cfg.episodes, cfg.lead == "evidence")
+        share = shares(self.mix, curves, cfg.min_share, cfg.episodes)
         measured = {a: c for a, c in curves.items() if c is not None}
         tally = pairs(measured, cfg.episodes)
         first = leader(measured, cfg.episodes, tally)
@@ -399,8 +391,7 @@ class Planner:
         second = self._second_round(curves)
         if second is not None:
             return second
-        weights = exploring(self.mix, curves, cfg.min_share, cfg.episodes, cfg.ready_s,
-                            cfg.window if cfg.floor == "behind-slower" else None) \
+        weights = exploring(self.mix, curves, cfg.min_share, cfg.episodes, cfg.ready_s) \
             if shared_pods else share
         # an algorithm not measured yet runs one round at a time (HalfCheetah, measured: a
         # second, fresh TD3 lineage started while the first was being measured, trained

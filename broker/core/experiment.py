@@ -18,10 +18,8 @@ from typing import Any
 
 from broker.core.errors import ConfigError
 from broker.core.experiment_specs import (
-    FLOORS,
     HANDOVERS,
     KEEPERS,
-    LEADS,
     MutationConfig,
     PopulationSpec,
     SelectionSpec,
@@ -255,10 +253,8 @@ def _population(table: Table) -> PopulationSpec:
         ready_s=table.required_number("ready_s", 0.0, 0.0, math.inf),
         min_share=table.required_number("min_share", 0.15, 0.0, 1.0),
         keeper=table.string("keeper", KEEPERS[0]),
-        handover=table.string("handover", HANDOVERS[0]),
-        floor=table.string("floor", FLOORS[0]),
-        lead=table.string("lead", LEADS[0]))
-    check_rules(spec.keeper, spec.handover, spec.floor, spec.lead)
+        handover=table.string("handover", HANDOVERS[0]))
+    check_rules(spec.keeper, spec.handover)
     table.finish()
     return spec
 

@@ -58,18 +58,12 @@ KEEPERS = ("best", "leader", "near")
 """The values of ``PopulationSpec.keeper``, the default first."""
 HANDOVERS = ("same-pod", "next-pod")
 """The values of ``PopulationSpec.handover``, the default first."""
-FLOORS = ("behind", "behind-slower")
-"""The values of ``PopulationSpec.floor``, the default first."""
-LEADS = ("best", "evidence")
-"""The values of ``PopulationSpec.lead``, the default first."""
 
 
-def check_rules(keeper: str, handover: str, floor: str = FLOORS[0],
-                lead: str = LEADS[0]) -> None:
+def check_rules(keeper: str, handover: str) -> None:
     """Refuse a ``population.keeper`` not in ``KEEPERS``, a ``handover`` not in
-    ``HANDOVERS``, a ``floor`` not in ``FLOORS``, a ``lead`` not in ``LEADS``."""
-    for name, value, values in (("keeper", keeper, KEEPERS), ("handover", handover, HANDOVERS),
-                                ("floor", floor, FLOORS), ("lead", lead, LEADS)):
+    ``HANDOVERS``."""
+    for name, value, values in (("keeper", keeper, KEEPERS), ("handover", handover, HANDOVERS)):
         if value not in values:
             raise ConfigError(f"population.{name}", f"unknown {name} {value!r}",
                               f"use one of {', '.join(values)}")
@@ -99,16 +93,6 @@ class PopulationSpec:
     round runs: ``same-pod``, it waits for the kept pod; ``next-pod``, its idle best head
     takes the next pod that frees up (the last keeper's round runs out and its pod
     explores). Measured on HalfCheetah, 3 seeds: no difference (``leaderboard.population``)."""
-    floor: str = FLOORS[0]
-    """Which algorithm the exploring pods keep at its floor (more than one pod):
-    ``behind``, one behind every other at equal training; ``behind-slower``, one behind
-    every other that also improves slower than each of them over its last rounds (a slow
-    starter catching up keeps its share: ``leaderboard.curves.exploring``)."""
-    lead: str = LEADS[0]
-    """Who takes the rounds beyond the floors (one pod, or before every algorithm is
-    measured): ``best``, the leader, by the most pairs won at equal training and, with
-    none won, by the higher best so far; ``evidence``, only a leader that beats another
-    at equal training, and with none, the mix (``leaderboard.curves.shares``)."""
 
 
 MIN_ROUND_S = 10.0

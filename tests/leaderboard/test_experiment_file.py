@@ -51,7 +51,6 @@ def test_defaults_of_a_minimal_file() -> None:
     assert (exp.experience_pool, exp.pool_mib, exp.pool_own_share) == (True, 256, 0.75)
     assert exp.pool_warm_from == "off-policy" and exp.pool_keeper is True
     assert (exp.population.keeper, exp.population.handover) == ("best", "same-pod")
-    assert (exp.population.floor, exp.population.lead) == ("behind", "best")
 
 
 @pytest.mark.parametrize(("data", "message"), [
@@ -74,10 +73,6 @@ def test_defaults_of_a_minimal_file() -> None:
     (with_(population={"keeper": "oldest"}), r"population\.keeper: unknown keeper 'oldest'"),
     (with_(population={"handover": "later"}),
      r"population\.handover: unknown handover 'later' \(use one of same-pod, next-pod\)"),
-    (with_(population={"floor": "last"}),
-     r"population\.floor: unknown floor 'last' \(use one of behind, behind-slower\)"),
-    (with_(population={"lead": "loudest"}),
-     r"population\.lead: unknown lead 'loudest' \(use one of best, evidence\)"),
     (with_(target_score=float("nan")), r"target_score: expected a finite number"),
     (with_(name="bad name!"), r"name: 'bad name!' is not a valid experiment name"),
     # ``$`` matched before a trailing newline: the name namespaces broker names
