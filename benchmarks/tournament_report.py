@@ -162,8 +162,9 @@ def speed_line(rows: dict[str, Row]) -> str | None:
                  if method in LONE and not r.failed and r.wall > 0 and r.env_steps]
         if rates:
             cells.append(f"{method} {statistics.fmean(rates):,.0f}")
-    return "env steps per second of the lone rows (this machine's speed): " + ", ".join(
-        cells) if cells else None
+    if not cells:
+        return None
+    return "env steps per second of the lone rows (this machine's speed): " + ", ".join(cells)
 
 
 def report(tasks: list[Task], budgets: dict[str, float], results: list[RunResult]) -> str:

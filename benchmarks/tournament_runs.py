@@ -333,7 +333,6 @@ def _train_agent(task: Task, algorithm: str, hparams: Mapping[str, Scalar], seed
     env = make_env(task.env, config.num_envs, CPU)
     episodes = task.in_training_episodes()
     eval_env = make_env(task.env, episodes, CPU)
-    lock = threading.Lock()
 
     def measure(state: dict[str, torch.Tensor], claimed_at: float, tries: int) -> None:
         # the tournament's clock stops at its checkpoint's creation, before the updater
@@ -341,13 +340,13 @@ def _train_agent(task: Task, algorithm: str, hparams: Mapping[str, Scalar], seed
         assert task.target is not None  # only a target is claimed
         held = measure_claim(task.env, algorithm, hparams, state, seed * 1000 + tries) \
             >= task.target
-        with lock:
-            if run.reached_at is not None:  # measured in order: an earlier claim held
-                return
-            if not held:
-                run.refuted += 1
-                return
-            run.reached_at, run.target_state = claimed_at, state
+        # one measuring thread, in the claims' order; ``run`` is read once it has joined
+        if run.reached_at is not None:  # an earlier claim held
+            return
+        if not held:
+            run.refuted += 1
+            return
+        run.reached_at, run.target_state = claimed_at, state
         stop.set()
 
     with concurrent.futures.ThreadPoolExecutor(1) as measurer:

@@ -146,7 +146,7 @@ def resolve_entry(store: LeaderboardStore, prefix: str, field: str = "id") -> En
     count = store.count()
     head, dot, link = prefix.partition(".")
     entries = store.top(count) if prefix and count else []
-    rounds = [(e, *e.id.partition(".")[::2]) for e in entries]
+    rounds = [(e, *e.id.partition(".")[::2]) for e in entries]  # (entry, round, link)
     matches = [e for e, h, k in rounds if h.startswith(head) and k == link]
     if not matches and not dot:
         matches = [e for e, h, _ in rounds if h.startswith(head)]

@@ -27,7 +27,7 @@ Round semantics (documented here because the pod and the leaderboard rely on the
   it, and a claim that holds stops the experiment (``should_stop``) while one that is
   refuted costs the lineage nothing. (Ending the round cost a refuted claim its round:
   on Pendulum, a PPO lineage at -205 measured gave its pod to a first TD3 round and the
-  run reached the target 9 s later, on SAC.) Every evaluation at the target claims,
+  run reached the target 8 s later, on SAC.) Every evaluation at the target claims,
   the round's best or not: the last claim's measurement may have been unlucky.
 * With ``snapshot_every_s``, a long round reports intermediate bests: an evaluation
   looks for one every ``snapshot_every_s`` (not in the last half interval of a timed
