@@ -84,10 +84,7 @@ TOURNAMENTS: dict[str, Mapping[str, Any]] = {
     "tournament-warmnewest": {"pool_warm_from": "newest"},
     "tournament-keeperown": {"pool_keeper": False},
     "tournament-nextpod": {"population.handover": "next-pod"},
-    "tournament-trial": {"population.handover": "trial"},
     "tournament-envthreads1": {"env_kwargs": {"num_threads": 1}},
-    "tournament-trial-envthreads1": {"population.handover": "trial",
-                                     "env_kwargs": {"num_threads": 1}},
 }
 """The tournament rows: the default ``podracer train``, and the same with one experiment
 override (``Experiment.with_overrides`` keys): without the shared experience pool (the
@@ -97,10 +94,10 @@ equal training, by the best checkpoint's algorithm, or by the leader near the be
 (``population.keeper``), and with a fresh member's warm start from the newest pool rows
 whoever wrote them (``pool_warm_from``; the default takes off-policy rows first), and
 with the leader's kept lineage learning from its own data only (``pool_keeper``), and
-with a new keeper taking the next free pod, or on trial for one round
-(``population.handover``), and with each pod's MuJoCo copies stepped on one thread
-(``env_kwargs.num_threads``; by default on as many as the pod's process may use), alone and
-with the trial; the rows keep their meaning whatever the default)."""
+with a new keeper taking the next free pod (``population.handover``), and with each pod's
+MuJoCo copies stepped on one thread (``env_kwargs.num_threads``; by default on the node's
+CPUs shared among its pods, ``podracer.train.fit_to_machine``); the rows keep their
+meaning whatever the default)."""
 MEASURE_SEED = 54_321
 """Seeds of a lone agent's claim measurements (``measure_claim``), apart from ``EVAL_SEED``."""
 T = TypeVar("T")

@@ -19,10 +19,10 @@ state, hyperparameters):
 * a branch carries that reference with hyperparameters mutated inside the
   algorithm's search space (PBT exploit/explore). Pinned hyperparameters of the
   experiment are never mutated;
-* a round on the leader's pod of its own (``Plan.keeper``) is ``Plan.rounds`` rounds
-  long: ``KEEPER_ROUNDS``, but one for a new keeper's trial (a long one reports
-  intermediate bests: ``agents.pod.runner.SNAPSHOT_EVERY_S``) and, with
-  ``pool_keeper = false``, learns from its own data only (``Initialization.pooled``).
+* a round on the leader's pod of its own (``Plan.keeper``) is ``KEEPER_ROUNDS`` rounds
+  long (a long one reports intermediate bests: ``agents.pod.runner.SNAPSHOT_EVERY_S``)
+  and, with ``pool_keeper = false``, learns from its own data only (``Initialization.
+  pooled``).
 
 Start and stop: the planner derives the population from the store alone, so a
 generator that starts on an existing store (``podracer train --resume``, or a
@@ -72,11 +72,11 @@ READY_ROUNDS = 3
 """With ``population.ready_s = 0``, a lineage is judged after this many rounds."""
 
 
-def rounds_budget(budget: Budget, rounds: int) -> Budget:
-    """The budget of a round ``rounds`` rounds long (``Plan.rounds``: a round on the
-    leader's pod is ``KEEPER_ROUNDS`` long, ``leaderboard.population``)."""
-    return Budget(steps=None if budget.steps is None else budget.steps * rounds,
-                  seconds=None if budget.seconds is None else budget.seconds * rounds)
+def keeper_budget(budget: Budget) -> Budget:
+    """The budget of a round on the leader's pod: ``KEEPER_ROUNDS`` rounds
+    (``leaderboard.population``)."""
+    return Budget(steps=None if budget.steps is None else budget.steps * KEEPER_ROUNDS,
+                  seconds=None if budget.seconds is None else budget.seconds * KEEPER_ROUNDS)
 
 
 def round_seconds(experiment: Experiment) -> float:
@@ -172,7 +172,7 @@ class InitializationMaker:
         pinned = exp.overrides_for(algorithm)
         seed = self.rng.randrange(2**31)
         common = {"experiment": exp.name, "algorithm": algorithm, "env": exp.env,
-                  "budget": rounds_budget(exp.round_budget, plan.rounds),
+                  "budget": keeper_budget(exp.round_budget) if plan.keeper else exp.round_budget,
                   "seed": seed, "pooled": exp.pool_keeper or not plan.keeper}
         parent = plan.parent
         if parent is None:

@@ -220,10 +220,7 @@ class Plan:
     """Branch with mutated hyperparameters (``False``: continue, or fresh)."""
     reason: str
     keeper: bool = False
-    """A round on the leader's pod of its own (``KEEPER``)."""
-    rounds: int = 1
-    """How many rounds long the round is: a keeper's ``KEEPER_ROUNDS``, but a trial's
-    (``handover = "trial"``, a new keeper's first round) one."""
+    """A round on the leader's pod of its own (``KEEPER``): ``KEEPER_ROUNDS`` long."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -456,9 +453,6 @@ class Planner:
         keeper = self._keeper(keeps)
         if keeper is None and self.incumbent is not None:
             keeper = self._keeper(self.incumbent)
-            if keeper is not None and self.config.handover == "trial":
-                # a stand-in: one ordinary round, so the new keeper takes the next free pod
-                keeper = dataclasses.replace(keeper, keeper=False, rounds=1)
         return keeper
 
     def _second_round(self, curves: Mapping[str, Curve | None]) -> Plan | None:
@@ -486,14 +480,12 @@ class Planner:
         head, best = family.heads[0], entries[0]
         if not self._idle(head):
             return None
-        trial = cfg.handover == "trial" and algorithm != self.incumbent
-        rounds = 1 if trial else KEEPER_ROUNDS
         if best.id != head.id and self._idle(best) \
                 and best.score_mean - head.score_mean > RETURN_DROP * abs(best.score_mean) \
                 and significantly_better(best, head, cfg.episodes, cfg.alpha) \
                 and not family.improving(head.id, cfg.window, cfg.episodes):
-            return Plan(algorithm, best, False, RETURN, keeper=True, rounds=rounds)
-        return Plan(algorithm, head, False, KEEPER, keeper=True, rounds=rounds)
+            return Plan(algorithm, best, False, RETURN, keeper=True)
+        return Plan(algorithm, head, False, KEEPER, keeper=True)
 
     def _pick(self, heads: Sequence[Entry]) -> Entry:
         chosen = self.selection.select(list(heads), self.rng)

@@ -56,7 +56,7 @@ class SelectionSpec:
 
 KEEPERS = ("best", "leader", "near")
 """The values of ``PopulationSpec.keeper``, the default first."""
-HANDOVERS = ("same-pod", "next-pod", "trial")
+HANDOVERS = ("same-pod", "next-pod")
 """The values of ``PopulationSpec.handover``, the default first."""
 
 
@@ -92,10 +92,7 @@ class PopulationSpec:
     """When another algorithm's lineage is to keep a pod while the last keeper's long
     round runs: ``same-pod``, it waits for the kept pod; ``next-pod``, its idle best head
     takes the next pod that frees up (the last keeper's round runs out and its pod
-    explores). Measured on HalfCheetah, 3 seeds: no difference; ``trial``, as ``same-pod``,
-    but a new keeper's first round is one round long, and while its best head is busy the
-    last keeper's lineage goes on in one ordinary round, not a long one on the kept pod
-    (``leaderboard.population``)."""
+    explores). Measured on HalfCheetah, 3 seeds: no difference (``leaderboard.population``)."""
 
 
 MIN_ROUND_S = 10.0

@@ -72,7 +72,7 @@ def test_defaults_of_a_minimal_file() -> None:
     (with_(pool_keeper="no"), r"pool_keeper: expected"),
     (with_(population={"keeper": "oldest"}), r"population\.keeper: unknown keeper 'oldest'"),
     (with_(population={"handover": "later"}),
-     r"population\.handover: unknown handover 'later' \(use one of same-pod, next-pod, trial\)"),
+     r"population\.handover: unknown handover 'later' \(use one of same-pod, next-pod\)"),
     (with_(target_score=float("nan")), r"target_score: expected a finite number"),
     (with_(name="bad name!"), r"name: 'bad name!' is not a valid experiment name"),
     # ``$`` matched before a trailing newline: the name namespaces broker names

@@ -9,7 +9,7 @@ from pathlib import Path
 from agents.registry import default_registry
 from broker.core.schemas import Budget
 from broker.core.settings import default_experiment
-from leaderboard.generator import InitializationMaker, rounds_budget
+from leaderboard.generator import InitializationMaker, keeper_budget
 from leaderboard.population import KEEPER, KEEPER_ROUNDS, Plan
 from leaderboard.selection import default_strategies
 from leaderboard.store import LeaderboardStore
@@ -17,18 +17,16 @@ from leaderboard.store import LeaderboardStore
 
 def test_a_keepers_round_is_several_rounds_long(tmp_path: Path) -> None:
     assert KEEPER_ROUNDS > 1
-    assert rounds_budget(Budget(seconds=20.0), KEEPER_ROUNDS) \
-        == Budget(seconds=20.0 * KEEPER_ROUNDS)
-    assert rounds_budget(Budget(steps=1000), KEEPER_ROUNDS) == Budget(steps=1000 * KEEPER_ROUNDS)
+    assert keeper_budget(Budget(seconds=20.0)) == Budget(seconds=20.0 * KEEPER_ROUNDS)
+    assert keeper_budget(Budget(steps=1000)) == Budget(steps=1000 * KEEPER_ROUNDS)
     exp = default_experiment("torch/Pendulum-v1", total_budget={"seconds": 300})
     with LeaderboardStore(tmp_path) as store:
         maker = InitializationMaker(exp, default_registry(), default_strategies(), store,
                                     random.Random(0))
-        kept = maker._build(Plan("ppo", None, False, KEEPER, keeper=True, rounds=KEEPER_ROUNDS))
-        trial = maker._build(Plan("ppo", None, False, KEEPER, keeper=True))
+        kept = maker._build(Plan("ppo", None, False, KEEPER, keeper=True))
         shared = maker._build(Plan("ppo", None, False, "first of its algorithm"))
-    assert shared.budget == trial.budget == exp.round_budget
-    assert kept.budget == rounds_budget(exp.round_budget, KEEPER_ROUNDS)
+    assert shared.budget == exp.round_budget
+    assert kept.budget == keeper_budget(exp.round_budget)
 
 
 

@@ -16,7 +16,7 @@ import torch
 from broker.core.errors import ConfigError
 from broker.core.schemas import Checkpoint
 from leaderboard.curves import Curve, exploring, leader, pairs, shares
-from leaderboard.population import KEEPER_ROUNDS, Family, Plan, Planner, PopulationConfig
+from leaderboard.population import Family, Plan, Planner, PopulationConfig
 from leaderboard.selection import Tournament
 from leaderboard.store import LeaderboardStore
 
@@ -624,39 +624,3 @@ def test_near_keeps_the_pod_for_the_leader_at_equal_training_near_the_best(
         planner = _planner(store, MIX, members=2, keeper=keeper)
         planner.issued("x", Plan("ppo", None, False, "test"))
         assert planner.next().algorithm == kept, keeper
-
-
-def test_on_trial_a_new_keeper_gets_one_round_and_a_stand_in_no_long_one(
-        store: LeaderboardStore) -> None:
-    # HalfCheetah, measured (same-pod): PPO held the best checkpoint at 861 and kept a pod
-    # for a 62 s round; SAC passed it 20 s in, its head busy on the other pod when PPO's
-    # round came back, so PPO's lineage went on there for another 62 s (to -41)
-    _curve(store, "ppo", [100.0, 1000.0])
-    _curve(store, "sac", [0.0, 500.0])
-    _curve(store, "td3", [0.0, 300.0])
-    planner = _planner(store, members=2, handover="trial")
-    planner.issued("x", Plan("td3", None, False, "test"))  # the other pod is busy
-    trial = planner.next()
-    assert trial.keeper and trial.algorithm == "ppo" and trial.rounds == 1
-    planner.issued("ppo2", trial)
-    _put(store, "ppo2", "ppo", 1100.0, parent="ppo1")  # the trial came back
-    again = planner.next()  # the keeper's second round: a long one
-    assert again.keeper and again.algorithm == "ppo" and again.rounds == KEEPER_ROUNDS
-    planner.issued("ppo3", again)
-    _put(store, "ppo3", "ppo", 1200.0, parent="ppo2")
-    # sac takes the best checkpoint while its next round runs on the other pod
-    _put(store, "sac2", "sac", 2000.0, parent="sac1")
-    planner.issued("sac3", Plan("sac", store.get("sac2"), False, "test"))
-    stand_in = planner.next()  # the last keeper's lineage: one ordinary round
-    assert stand_in.algorithm == "ppo" and not stand_in.keeper and stand_in.rounds == 1
-    planner.issued("ppo4", stand_in)
-    _put(store, "sac3", "sac", 2100.0, parent="sac2")  # sac's head is back: the free pod
-    kept = planner.next()
-    assert kept.keeper and kept.algorithm == "sac" and kept.rounds == 1 \
-        and kept.parent is not None and kept.parent.id == "sac3"
-    # the default leaves the pod to the last keeper's long round meanwhile
-    same = _planner(store, members=2)
-    same.incumbent = "ppo"
-    same.issued("sac4", Plan("sac", store.get("sac3"), False, "test"))
-    held = same.next()
-    assert held.keeper and held.algorithm == "ppo" and held.rounds == KEEPER_ROUNDS
