@@ -46,6 +46,7 @@ import torch
 from gymnasium.vector import AutoresetMode as GymAutoresetMode
 
 from broker.core.errors import ConfigError, EnvUnavailable
+from broker.core.settings import ENV_THREADS_VAR, whole_number
 from envs.base import AutoresetMode, StepResult
 from envs.threaded_vector import ThreadedVectorEnv
 
@@ -139,8 +140,8 @@ def make(
     """``num_envs`` copies of ``gymnasium.make(gym_id, **kwargs)`` as a Podracer ``VecEnv``.
 
     ``kwargs`` go to ``gymnasium.make`` (``max_episode_steps=...`` and the env's own
-    arguments). ``num_threads`` is for ``"threads"`` (default: the CPUs this process may
-    use). Unknown ids raise ``ConfigError`` listing close matches.
+    arguments). ``num_threads`` is for ``"threads"`` (default: ``env_threads()``).
+    Unknown ids raise ``ConfigError`` listing close matches.
     """
     if not isinstance(num_envs, int) or num_envs < 1:
         raise ConfigError("num_envs", f"must be a positive integer, got {num_envs!r}")
@@ -150,8 +151,7 @@ def make(
     spec = _find_spec(gym_id)
     if isinstance(spec.entry_point, str) and spec.entry_point.startswith("gymnasium.envs.mujoco"):
         route_mujoco_warnings()
-    cpus = len(os.sched_getaffinity(0))
-    threads = num_threads if num_threads is not None else cpus
+    threads = num_threads if num_threads is not None else env_threads()
     if vectorization == "auto":
         vectorization = _auto(spec, min(threads, num_envs) > 1, kwargs)
     env_fn = functools.partial(gymnasium.make, gym_id, **kwargs)
@@ -166,6 +166,14 @@ def make(
                           "pass only arguments its constructor or gymnasium.make accepts") from None
     log.debug("gym env %s: %d copies, %s vectorization", gym_id, num_envs, vectorization)
     return GymVecEnv(vector_env, device, obs_dtype)
+
+
+def env_threads() -> int:
+    """Threads that step one env's copies: ``PODRACER_ENV_THREADS`` when set (``podracer
+    train`` sets it for its pods: the node's CPUs shared among them,
+    ``podracer.train.fit_to_machine``), else every CPU this process may use."""
+    threads = whole_number(os.environ.get(ENV_THREADS_VAR), ENV_THREADS_VAR)
+    return threads if threads is not None else len(os.sched_getaffinity(0))
 
 
 KNOWN_MUJOCO_WARNINGS = ("compiler attribute 'settotalmass' is deprecated",)

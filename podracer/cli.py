@@ -149,7 +149,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError("--name", f"the run in {resume_dir} is {experiment.name!r}",
                           "a resumed run keeps its name; drop --name")
     settings = settings_from_env(experiment=experiment, broker=args.broker,
-                                 device=args.device, torch_threads=args.threads)
+                                 device=args.device, torch_threads=args.threads,
+                                 env_threads=args.env_threads)
     from podracer.preflight import checked
 
     # before anything is written: a broken set-up is one line and exit code 2
@@ -291,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "runs/<experiment>-N when that holds an earlier run)")
     p.add_argument("--threads", type=int, help="torch threads per pod process "
                    "(env PODRACER_TORCH_THREADS; default: 1)")
+    p.add_argument("--env-threads", type=int, help="threads that step one pod's MuJoCo env "
+                   "copies (env PODRACER_ENV_THREADS; default: the CPUs shared among the "
+                   "pods, at least 1)")
     p.add_argument("--resume", metavar="RUN_DIR", nargs="?", const="",
                    help="carry on an interrupted run: RUN_DIR, or without it the last run "
                         "directory of the experiment (runs/<experiment>[-N]) (default: off)")

@@ -24,7 +24,7 @@ import logging
 import os
 import socket
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,8 @@ from broker.core.experiment import (
 )
 
 DEFAULT_ENV = "torch/Pendulum-v1"
+ENV_THREADS_VAR = "PODRACER_ENV_THREADS"
+"""The variable that carries ``Settings.env_threads`` (``envs.gym_adapter.env_threads``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +60,9 @@ class Settings:
     """Overrides ``experiment.device`` for this process."""
     torch_threads: int | None = None
     """torch intra-op threads (None: torch's default)."""
+    env_threads: int | None = None
+    """Threads that step one env's copies (MuJoCo through ``envs.gym_adapter``; None: every
+    CPU of the process, or with ``podracer train`` the node's CPUs shared among its pods)."""
 
     def instance_name(self, role: str) -> str:
         """The configured name, or ``<role>-<host>-<pid>``."""
@@ -143,7 +148,39 @@ def settings_environment(settings: Settings, experiment_file: Path) -> dict[str,
         env["PODRACER_DEVICE"] = settings.device
     if settings.torch_threads:
         env["PODRACER_TORCH_THREADS"] = str(settings.torch_threads)
+    if settings.env_threads:
+        env[ENV_THREADS_VAR] = str(settings.env_threads)
     return env
+
+
+@contextlib.contextmanager
+def env_threads_applied(settings: Settings) -> Iterator[None]:
+    """``settings.env_threads`` in this process's environment while the block runs (the
+    envs of embedded pods, their worker processes and the updater read it there:
+    ``envs.gym_adapter.env_threads``); the environment as it was afterwards."""
+    if not settings.env_threads:
+        yield
+        return
+    before = os.environ.get(ENV_THREADS_VAR)
+    os.environ[ENV_THREADS_VAR] = str(settings.env_threads)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENV_THREADS_VAR, None)
+        else:
+            os.environ[ENV_THREADS_VAR] = before
+
+
+def whole_number(value: int | str | None, field: str) -> int | None:
+    """``value`` as a whole number >= 1 (None when unset); else a ``ConfigError``."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, int) and value >= 1:
+        return value
+    if isinstance(value, str) and value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise ConfigError(field, f"must be a whole number >= 1, got {value!r}")
 
 
 def settings_from_env(environ: Mapping[str, str] | None = None, **flags: Any) -> Settings:
@@ -156,6 +193,8 @@ def settings_from_env(environ: Mapping[str, str] | None = None, **flags: Any) ->
         torch_threads = int(threads) if threads else None
     except ValueError:
         raise ConfigError("PODRACER_TORCH_THREADS", f"not an integer: {threads!r}") from None
+    env_threads = whole_number(flags.pop("env_threads", None) or env.get(ENV_THREADS_VAR),
+                         ENV_THREADS_VAR)
     store = flags.pop("store", None) or env.get("PODRACER_STORE") or f"runs/{experiment.name}"
     values: dict[str, Any] = {
         "experiment": experiment,
@@ -164,6 +203,7 @@ def settings_from_env(environ: Mapping[str, str] | None = None, **flags: Any) ->
         "name": flags.pop("name", None) or env.get("PODRACER_POD", ""),
         "device": flags.pop("device", None) or env.get("PODRACER_DEVICE") or None,
         "torch_threads": torch_threads,
+        "env_threads": env_threads,
     }
     if flags:
         raise ConfigError(next(iter(flags)), "unknown setting")
