@@ -85,6 +85,7 @@ TOURNAMENTS: dict[str, Mapping[str, Any]] = {
     "tournament-keeperown": {"pool_keeper": False},
     "tournament-nextpod": {"population.handover": "next-pod"},
     "tournament-envthreads1": {"env_kwargs": {"num_threads": 1}},
+    "tournament-envthreadsall": {"env_kwargs": {"num_threads": len(os.sched_getaffinity(0))}},
 }
 """The tournament rows: the default ``podracer train``, and the same with one experiment
 override (``Experiment.with_overrides`` keys): without the shared experience pool (the
@@ -95,9 +96,9 @@ equal training, by the best checkpoint's algorithm, or by the leader near the be
 whoever wrote them (``pool_warm_from``; the default takes off-policy rows first), and
 with the leader's kept lineage learning from its own data only (``pool_keeper``), and
 with a new keeper taking the next free pod (``population.handover``), and with each pod's
-MuJoCo copies stepped on one thread (``env_kwargs.num_threads``; by default on the node's
-CPUs shared among its pods, ``podracer.train.fit_to_machine``); the rows keep their
-meaning whatever the default)."""
+MuJoCo copies stepped on one thread or on every CPU (``env_kwargs.num_threads``, MuJoCo
+tasks only; by default on the node's CPUs shared among its pods,
+``podracer.train.fit_to_machine``); the rows keep their meaning whatever the default)."""
 MEASURE_SEED = 54_321
 """Seeds of a lone agent's claim measurements (``measure_claim``), apart from ``EVAL_SEED``."""
 T = TypeVar("T")
