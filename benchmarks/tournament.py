@@ -16,7 +16,9 @@ machine). Rows:
   with a fresh member's warm start from the newest pool rows, not off-policy rows first
   (``pool_warm_from``); ``tournament-nextpod``: with a new keeper's idle best lineage
   taking the next free pod while the last keeper's long round runs
-  (``population.handover``; ``tournament_runs.TOURNAMENTS``). Each
+  (``population.handover``); ``tournament-envthreads1``, ``tournament-envthreadsall``:
+  with each pod's MuJoCo copies stepped on one thread, or on every CPU (the default
+  shares the CPUs among the pods; MuJoCo tasks only; ``tournament_runs.TOURNAMENTS``). Each
   tournament run also prints the share of training data that came from the pool
   (``Checkpoint.pool_rows``; a mean over checkpoints): of the best checkpoint's lineage,
   of every member, and per algorithm (0 without the pool).
