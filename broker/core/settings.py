@@ -193,8 +193,9 @@ def settings_from_env(environ: Mapping[str, str] | None = None, **flags: Any) ->
         torch_threads = int(threads) if threads else None
     except ValueError:
         raise ConfigError("PODRACER_TORCH_THREADS", f"not an integer: {threads!r}") from None
-    env_threads = whole_number(flags.pop("env_threads", None) or env.get(ENV_THREADS_VAR),
-                         ENV_THREADS_VAR)
+    flag = flags.pop("env_threads", None)
+    env_threads = whole_number(flag, "--env-threads") if flag is not None \
+        else whole_number(env.get(ENV_THREADS_VAR), ENV_THREADS_VAR)
     store = flags.pop("store", None) or env.get("PODRACER_STORE") or f"runs/{experiment.name}"
     values: dict[str, Any] = {
         "experiment": experiment,

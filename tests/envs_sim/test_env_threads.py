@@ -66,3 +66,5 @@ def test_a_session_applies_the_threads_and_restores_the_environment(
     assert ENV_THREADS_VAR not in os.environ
     with pytest.raises(ConfigError, match=ENV_THREADS_VAR):
         settings_from_env(experiment=default_experiment(), environ={ENV_THREADS_VAR: "x"})
+    with pytest.raises(ConfigError, match="--env-threads"):
+        settings_from_env(experiment=default_experiment(), env_threads=0)
