@@ -16,7 +16,10 @@ machine). Rows:
   with a fresh member's warm start from the newest pool rows, not off-policy rows first
   (``pool_warm_from``); ``tournament-nextpod``: with a new keeper's idle best lineage
   taking the next free pod while the last keeper's long round runs
-  (``population.handover``); ``tournament-envthreads1``, ``tournament-envthreadsall``:
+  (``population.handover``); ``tournament-standinlong``, ``tournament-standinround``:
+  with the last keeper's lineage standing in for a new keeper whose head is busy for a
+  keeper's long round, or for one ordinary round (``population.stand_in``);
+  ``tournament-envthreads1``, ``tournament-envthreadsall``:
   with each pod's MuJoCo copies stepped on one thread, or on every CPU (the default
   shares the CPUs among the pods; MuJoCo tasks only; ``tournament_runs.TOURNAMENTS``). Each
   tournament run also prints the share of training data that came from the pool

@@ -84,6 +84,8 @@ TOURNAMENTS: dict[str, Mapping[str, Any]] = {
     "tournament-warmnewest": {"pool_warm_from": "newest"},
     "tournament-keeperown": {"pool_keeper": False},
     "tournament-nextpod": {"population.handover": "next-pod"},
+    "tournament-standinlong": {"population.stand_in": "long"},
+    "tournament-standinround": {"population.stand_in": "one-round"},
     "tournament-envthreads1": {"env_kwargs": {"num_threads": 1}},
     "tournament-envthreadsall": {"env_kwargs": {"num_threads": len(os.sched_getaffinity(0))}},
 }
@@ -95,7 +97,9 @@ equal training, by the best checkpoint's algorithm, or by the leader near the be
 (``population.keeper``), and with a fresh member's warm start from the newest pool rows
 whoever wrote them (``pool_warm_from``; the default takes off-policy rows first), and
 with the leader's kept lineage learning from its own data only (``pool_keeper``), and
-with a new keeper taking the next free pod (``population.handover``), and with each pod's
+with a new keeper taking the next free pod (``population.handover``), and with the last
+keeper's lineage standing in for a busy new keeper for a long round or for one round
+(``population.stand_in``), and with each pod's
 MuJoCo copies stepped on one thread or on every CPU (``env_kwargs.num_threads``, MuJoCo
 tasks only; by default on the node's CPUs shared among its pods,
 ``podracer.train.fit_to_machine``); the rows keep their meaning whatever the default)."""

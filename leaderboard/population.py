@@ -60,18 +60,19 @@ weights, so the score curve runs on through it), on an axis of training seconds
    back and none in flight is on the leader's pod, the leader's idle best head is
    continued there (``KEEPER``), so the lineage most likely to win trains without a
    gap, as a lone pod would. A new leader whose head is busy on another pod takes the
-   pod next time; meanwhile the last leader's lineage goes on there (measured: the pod
-   went to the round robin, and the last leader's best lineage, at 3720, had no round
-   in the last 60 s). A new keeper whose best head is idle while the last keeper's long
-   round runs waits for the kept pod (``handover = "same-pod"``, the default), or takes
-   the next pod that frees up (``"next-pod"``; the last keeper's round runs out and its
-   pod explores). Waiting, on HalfCheetah SAC's lineage, holding the best checkpoint at
-   3781 from 104 s, sat idle 67 s while TD3's 60 s round ran on the kept pod and the
-   other pod ran PPO's floor and a TD3 branch (that run ended at 5088; in two of three
-   later runs it sat 68-70 s); yet over 3 seeds interleaved "next-pod" scored 7310 ±
-   1017 against 7534 ± 873: TD3, which kept the pod, also learns far, so the wait cost
-   nothing measurable, and the default stays. The leader's pod trains
-   in rounds ``KEEPER_ROUNDS`` long (the pod waits for the updater's measurement
+   next pod that frees up; meanwhile the last leader's lineage goes on in the freed pod
+   for one ordinary round (``STAND_IN``; measured: the pod went to the round robin, and
+   the last leader's best lineage, at 3720, had no round in the last 60 s; as a long
+   round, ``stand_in = "long"``, it held the pod 60 s more). A new keeper whose best head
+   is idle while the last keeper's long round runs waits for the kept pod (``handover =
+   "same-pod"``, the default), or takes the next pod that frees up (``"next-pod"``; the
+   last keeper's round runs out and its pod explores). Waiting, on HalfCheetah SAC's
+   lineage, holding the best checkpoint at 3781 from 104 s, sat idle 67 s while TD3's 60
+   s round ran on the kept pod and the other pod ran PPO's floor and a TD3 branch (that
+   run ended at 5088; in two of three later runs it sat 68-70 s); yet over 3 seeds
+   interleaved "next-pod" scored 7310 ± 1017 against 7534 ± 873: TD3, which kept the pod,
+   also learns far, so the wait cost nothing measurable, and the default stays. The
+   leader's pod trains in rounds ``KEEPER_ROUNDS`` long (the pod waits for the updater's measurement
    of a round's checkpoint before it can continue it: once per long round). When that
    lineage has collapsed, fallen below the algorithm's best checkpoint significantly
    (Welch, as below) and by more than ``RETURN_DROP`` of that score, and is not
@@ -125,7 +126,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from broker.core.errors import ConfigError
-from broker.core.experiment_specs import HANDOVERS, KEEPERS, check_rules
+from broker.core.experiment_specs import HANDOVERS, KEEPERS, STAND_INS, check_rules
 from leaderboard.curves import Curve, cost, exploring, leader, pairs, shares, slope
 from leaderboard.selection import SelectionStrategy, ranked, significantly_better
 from leaderboard.store import Entry, LeaderboardStore
@@ -143,6 +144,11 @@ RETURN = "return the leader's best lineage to its best checkpoint"
 """The reason of a keeper's round that continues the algorithm's best checkpoint, not its
 fallen head (Hopper, measured: SAC's best lineage reached 2119 at 180 s, then went 1567,
 1143, 1167, 529, and the leader's pod went on continuing its head to the end)."""
+STAND_IN = "continue the last keeper's lineage for one round while the new keeper's is busy"
+"""The reason of a stand-in round (``stand_in = "one-round"``): an ordinary round, so the
+new keeper's best head takes the next pod that frees up. Measured (Hopper, seed 2): TD3,
+holding the best checkpoint at 86 s, kept a pod for a 60 s round, then for another 60 s
+as the stand-in while SAC, the best by then, had its head busy on the other pod."""
 RETURN_DROP = 0.25
 """Least fall below the algorithm's best checkpoint, as a share of that score's
 magnitude, that counts as a collapse (``RETURN``). Significance alone is not enough:
@@ -179,6 +185,9 @@ class PopulationConfig:
     handover: str = HANDOVERS[0]
     """When another algorithm is to keep a pod while the last keeper's long round runs:
     once that round ends (``same-pod``) or at the next free pod (``next-pod``)."""
+    stand_in: str = STAND_INS[0]
+    """While a new keeper's best head is busy, the last keeper's lineage goes on in one
+    ordinary round (``one-round``: ``STAND_IN``) or in a keeper's long round (``long``)."""
     explore_p: float = 0.0
     """Probability that a round starts a fresh lineage with sampled hyperparameters."""
     window: int = 4
@@ -199,7 +208,7 @@ class PopulationConfig:
             raise ConfigError("population.ready_s", f"must be >= 0, got {self.ready_s}")
         if not 0.0 <= self.min_share <= 1.0:
             raise ConfigError("population.min_share", f"must be in [0, 1], got {self.min_share}")
-        check_rules(self.keeper, self.handover)
+        check_rules(self.keeper, self.handover, self.stand_in)
         if not 0.0 <= self.explore_p <= 1.0:
             raise ConfigError("explore_p", f"must be in [0, 1], got {self.explore_p}")
         if self.window < 2:
@@ -453,6 +462,8 @@ class Planner:
         keeper = self._keeper(keeps)
         if keeper is None and self.incumbent is not None:
             keeper = self._keeper(self.incumbent)
+            if keeper is not None and self.config.stand_in == "one-round":
+                keeper = dataclasses.replace(keeper, keeper=False, reason=STAND_IN)
         return keeper
 
     def _second_round(self, curves: Mapping[str, Curve | None]) -> Plan | None:

@@ -20,6 +20,7 @@ from broker.core.errors import ConfigError
 from broker.core.experiment_specs import (
     HANDOVERS,
     KEEPERS,
+    STAND_INS,
     MutationConfig,
     PopulationSpec,
     SelectionSpec,
@@ -253,8 +254,9 @@ def _population(table: Table) -> PopulationSpec:
         ready_s=table.required_number("ready_s", 0.0, 0.0, math.inf),
         min_share=table.required_number("min_share", 0.15, 0.0, 1.0),
         keeper=table.string("keeper", KEEPERS[0]),
-        handover=table.string("handover", HANDOVERS[0]))
-    check_rules(spec.keeper, spec.handover)
+        handover=table.string("handover", HANDOVERS[0]),
+        stand_in=table.string("stand_in", STAND_INS[0]))
+    check_rules(spec.keeper, spec.handover, spec.stand_in)
     table.finish()
     return spec
 

@@ -58,12 +58,15 @@ KEEPERS = ("best", "leader", "near")
 """The values of ``PopulationSpec.keeper``, the default first."""
 HANDOVERS = ("same-pod", "next-pod")
 """The values of ``PopulationSpec.handover``, the default first."""
+STAND_INS = ("one-round", "long")
+"""The values of ``PopulationSpec.stand_in``, the default first."""
 
 
-def check_rules(keeper: str, handover: str) -> None:
+def check_rules(keeper: str, handover: str, stand_in: str = STAND_INS[0]) -> None:
     """Refuse a ``population.keeper`` not in ``KEEPERS``, a ``handover`` not in
-    ``HANDOVERS``."""
-    for name, value, values in (("keeper", keeper, KEEPERS), ("handover", handover, HANDOVERS)):
+    ``HANDOVERS``, a ``stand_in`` not in ``STAND_INS``."""
+    for name, value, values in (("keeper", keeper, KEEPERS), ("handover", handover, HANDOVERS),
+                                ("stand_in", stand_in, STAND_INS)):
         if value not in values:
             raise ConfigError(f"population.{name}", f"unknown {name} {value!r}",
                               f"use one of {', '.join(values)}")
@@ -93,6 +96,10 @@ class PopulationSpec:
     round runs: ``same-pod``, it waits for the kept pod; ``next-pod``, its idle best head
     takes the next pod that frees up (the last keeper's round runs out and its pod
     explores). Measured on HalfCheetah, 3 seeds: no difference (``leaderboard.population``)."""
+    stand_in: str = STAND_INS[0]
+    """While a new keeper's best head is busy on another pod, the last keeper's lineage goes
+    on in the freed pod: ``one-round``, for one ordinary round, so the new keeper takes the
+    next free pod; ``long``, for a keeper's long round (``leaderboard.population``)."""
 
 
 MIN_ROUND_S = 10.0

@@ -16,7 +16,7 @@ import torch
 from broker.core.errors import ConfigError
 from broker.core.schemas import Checkpoint
 from leaderboard.curves import Curve, exploring, leader, pairs, shares
-from leaderboard.population import Family, Plan, Planner, PopulationConfig
+from leaderboard.population import STAND_IN, Family, Plan, Planner, PopulationConfig
 from leaderboard.selection import Tournament
 from leaderboard.store import LeaderboardStore
 
@@ -542,9 +542,40 @@ def test_a_new_leader_whose_head_is_busy_leaves_the_pod_to_the_incumbent(
     _put(store, "sac2", "sac", 1100.0, parent="sac1")
     _put(store, "td32", "td3", 5000.0, parent="td31")  # td3 leads at equal training
     planner.issued("td33", Plan("td3", store.get("td32"), False, "test"))  # busy
-    held = planner.next()
-    assert held.keeper and held.algorithm == "sac" and held.parent is not None \
+    held = planner.next()  # one ordinary round of it (the next test)
+    assert held.reason == STAND_IN and held.algorithm == "sac" and held.parent is not None \
         and held.parent.id == "sac2"
+
+
+@pytest.mark.parametrize("stand_in", ["one-round", "long"])
+def test_a_stand_in_for_a_busy_new_keeper_is_one_ordinary_round(
+        store: LeaderboardStore, stand_in: str) -> None:
+    # Hopper, measured (seed 2): TD3 kept a pod for a 60 s round, then 60 s more as the
+    # stand-in while SAC, the best by then, had its head busy on the other pod
+    _curve(store, "ppo", [100.0, 110.0])
+    _curve(store, "sac", [0.0, 900.0])
+    _curve(store, "td3", [0.0, 1000.0])
+    planner = _planner(store, members=2, stand_in=stand_in)
+    planner.issued("x", Plan("ppo", None, False, "test"))  # the other pod is busy
+    kept = planner.next()
+    assert kept.keeper and kept.algorithm == "td3"
+    planner.issued("td32", kept)
+    _settle_back(store, planner, "x")
+    _put(store, "sac2", "sac", 1500.0, parent="sac1")  # sac now holds the best checkpoint
+    planner.issued("sac3", Plan("sac", store.get("sac2"), False, "test"))  # its head busy
+    _put(store, "td32", "td3", 1200.0, parent="td31")  # td3's long round is back
+    stand = planner.next()
+    assert stand.algorithm == "td3" and stand.parent is not None and stand.parent.id == "td32"
+    if stand_in == "long":
+        assert stand.keeper
+        return
+    assert not stand.keeper and stand.reason == STAND_IN and planner.incumbent == "td3"
+    planner.issued("td33", stand)
+    # sac's round comes back while the stand-in runs: its head takes that pod, kept
+    _put(store, "sac3", "sac", 1600.0, parent="sac2")
+    plan = planner.next()
+    assert plan.keeper and plan.algorithm == "sac" and plan.parent is not None \
+        and plan.parent.id == "sac3"
 
 
 @pytest.mark.parametrize("handover", ["next-pod", "same-pod"])
