@@ -148,7 +148,14 @@ STAND_IN = "continue the last keeper's lineage for one round while the new keepe
 """The reason of a stand-in round (``stand_in = "one-round"``): an ordinary round, so the
 new keeper's best head takes the next pod that frees up. Measured (Hopper, seed 2): TD3,
 holding the best checkpoint at 86 s, kept a pod for a 60 s round, then for another 60 s
-as the stand-in while SAC, the best by then, had its head busy on the other pod."""
+as the stand-in while SAC, the best by then, had its head busy on the other pod. Over 3
+seeds interleaved with the lone SAC pod (``benchmarks.tournament --tasks hopper``): one
+round 3071 ± 93, a long round 2380 ± 970, SAC alone 3142 ± 79; but the gap is seed 0's,
+where TD3 (419 against SAC's 383 after 83 s) kept the pod to the end with no stand-in,
+so it measures the early keeper's luck more than this rule. On HalfCheetah (3 seeds), one
+round 7403 ± 796, a long round 8689 ± 423, SAC alone 8034 ± 658, with the same decisions
+in both rows (SAC kept the pod from about 95 s; no keeper change, so no stand-in): the
+gap is run-to-run noise. Kept as the default because it removes a cost seen twice."""
 RETURN_DROP = 0.25
 """Least fall below the algorithm's best checkpoint, as a share of that score's
 magnitude, that counts as a collapse (``RETURN``). Significance alone is not enough:
