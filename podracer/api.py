@@ -139,7 +139,7 @@ def train(env: str | None = None, algos: Algos | None = None, budget: str | None
     leaderboard). Raises ``ConfigError`` before anything starts when
     the set-up cannot work, ``TrainingFailed`` when the run stored no checkpoint.
     """
-    from broker.core.settings import Settings
+    from broker.core.settings import Settings, whole_number
     from leaderboard.export import policy_from_store
     from leaderboard.store import LeaderboardStore
     from podracer.preflight import preflight
@@ -149,7 +149,8 @@ def train(env: str | None = None, algos: Algos | None = None, budget: str | None
     exp = build_experiment(env, algos, budget, target, experiment=experiment, pods=pods,
                            seed=seed, name=name, round_budget=round_budget,
                            reproducible=reproducible)
-    checked = preflight(Settings(experiment=exp, device=device, torch_threads=threads),
+    checked = preflight(Settings(experiment=exp, device=device,
+                                 torch_threads=whole_number(threads, "threads")),
                         explicit_algos=algos is not None or experiment is not None)
     if checked.note:
         log.info("%s", checked.note)

@@ -188,11 +188,9 @@ def settings_from_env(environ: Mapping[str, str] | None = None, **flags: Any) ->
     env = os.environ if environ is None else environ
     experiment = flags.pop("experiment", None) or read_experiment(
         env.get("PODRACER_EXPERIMENT_FILE") or None)
-    threads = flags.pop("torch_threads", None) or env.get("PODRACER_TORCH_THREADS")
-    try:
-        torch_threads = int(threads) if threads else None
-    except ValueError:
-        raise ConfigError("PODRACER_TORCH_THREADS", f"not an integer: {threads!r}") from None
+    flag = flags.pop("torch_threads", None)
+    torch_threads = whole_number(flag, "--threads") if flag is not None \
+        else whole_number(env.get("PODRACER_TORCH_THREADS"), "PODRACER_TORCH_THREADS")
     flag = flags.pop("env_threads", None)
     env_threads = whole_number(flag, "--env-threads") if flag is not None \
         else whole_number(env.get(ENV_THREADS_VAR), ENV_THREADS_VAR)
