@@ -67,13 +67,13 @@ weights, so the score curve runs on through it), on an axis of training seconds
    is idle while the last keeper's long round runs waits for the kept pod (``handover =
    "same-pod"``, the default), or takes the next pod that frees up (``"next-pod"``; the
    last keeper's round runs out and its pod explores). Waiting, on HalfCheetah SAC's
-   lineage, holding the best checkpoint at 3781 from 104 s, sat idle 67 s while TD3's 60
-   s round ran on the kept pod and the other pod ran PPO's floor and a TD3 branch (that
+   lineage, holding the best checkpoint at 3781 from 104 s, sat idle 67 s while TD3's
+   60 s round ran on the kept pod and the other pod ran PPO's floor and a TD3 branch (that
    run ended at 5088; in two of three later runs it sat 68-70 s); yet over 3 seeds
    interleaved "next-pod" scored 7310 ± 1017 against 7534 ± 873: TD3, which kept the pod,
    also learns far, so the wait cost nothing measurable, and the default stays. The
-   leader's pod trains in rounds ``KEEPER_ROUNDS`` long (the pod waits for the updater's measurement
-   of a round's checkpoint before it can continue it: once per long round). When that
+   leader's pod trains in rounds ``KEEPER_ROUNDS`` long (the pod waits for the updater's
+   measurement of a round's checkpoint before it can continue it: once per long round). When that
    lineage has collapsed, fallen below the algorithm's best checkpoint significantly
    (Welch, as below) and by more than ``RETURN_DROP`` of that score, and is not
    improving, the keeper continues that checkpoint instead (``RETURN``): a collapse
