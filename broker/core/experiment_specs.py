@@ -62,7 +62,7 @@ STAND_INS = ("one-round", "long")
 """The values of ``PopulationSpec.stand_in``, the default first."""
 
 
-def check_rules(keeper: str, handover: str, stand_in: str = STAND_INS[0]) -> None:
+def check_rules(keeper: str, handover: str, stand_in: str) -> None:
     """Refuse a ``population.keeper`` not in ``KEEPERS``, a ``handover`` not in
     ``HANDOVERS``, a ``stand_in`` not in ``STAND_INS``."""
     for name, value, values in (("keeper", keeper, KEEPERS), ("handover", handover, HANDOVERS),

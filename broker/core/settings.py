@@ -183,17 +183,22 @@ def whole_number(value: int | str | None, field: str) -> int | None:
     raise ConfigError(field, f"must be a whole number >= 1, got {value!r}")
 
 
+def _threads(flag: int | None, flag_name: str, env: Mapping[str, str], var: str) -> int | None:
+    """A thread count from its flag, else from its variable, named by where it came from."""
+    if flag is not None:
+        return whole_number(flag, flag_name)
+    return whole_number(env.get(var), var)
+
+
 def settings_from_env(environ: Mapping[str, str] | None = None, **flags: Any) -> Settings:
     """Settings from ``PODRACER_*`` variables, with non-None ``flags`` taking precedence."""
     env = os.environ if environ is None else environ
     experiment = flags.pop("experiment", None) or read_experiment(
         env.get("PODRACER_EXPERIMENT_FILE") or None)
-    flag = flags.pop("torch_threads", None)
-    torch_threads = whole_number(flag, "--threads") if flag is not None \
-        else whole_number(env.get("PODRACER_TORCH_THREADS"), "PODRACER_TORCH_THREADS")
-    flag = flags.pop("env_threads", None)
-    env_threads = whole_number(flag, "--env-threads") if flag is not None \
-        else whole_number(env.get(ENV_THREADS_VAR), ENV_THREADS_VAR)
+    torch_threads = _threads(flags.pop("torch_threads", None), "--threads",
+                             env, "PODRACER_TORCH_THREADS")
+    env_threads = _threads(flags.pop("env_threads", None), "--env-threads",
+                           env, ENV_THREADS_VAR)
     store = flags.pop("store", None) or env.get("PODRACER_STORE") or f"runs/{experiment.name}"
     values: dict[str, Any] = {
         "experiment": experiment,

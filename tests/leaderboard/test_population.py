@@ -552,16 +552,7 @@ def test_a_stand_in_for_a_busy_new_keeper_is_one_ordinary_round(
         store: LeaderboardStore, stand_in: str) -> None:
     # Hopper, measured (seed 2): TD3 kept a pod for a 60 s round, then 60 s more as the
     # stand-in while SAC, the best by then, had its head busy on the other pod
-    _curve(store, "ppo", [100.0, 110.0])
-    _curve(store, "sac", [0.0, 900.0])
-    _curve(store, "td3", [0.0, 1000.0])
-    planner = _planner(store, members=2, stand_in=stand_in)
-    planner.issued("x", Plan("ppo", None, False, "test"))  # the other pod is busy
-    kept = planner.next()
-    assert kept.keeper and kept.algorithm == "td3"
-    planner.issued("td32", kept)
-    _settle_back(store, planner, "x")
-    _put(store, "sac2", "sac", 1500.0, parent="sac1")  # sac now holds the best checkpoint
+    planner = _td3_kept_then_sac_best(store, stand_in=stand_in)
     planner.issued("sac3", Plan("sac", store.get("sac2"), False, "test"))  # its head busy
     _put(store, "td32", "td3", 1200.0, parent="td31")  # td3's long round is back
     stand = planner.next()
@@ -583,16 +574,7 @@ def test_a_new_best_takes_the_next_free_pod_while_the_last_keepers_round_runs(
         store: LeaderboardStore, handover: str) -> None:
     # measured (same-pod): SAC's lineage, holding the best checkpoint at 3781, waited 67 s
     # while TD3's 60 s round ran on the kept pod
-    _curve(store, "ppo", [100.0, 110.0])
-    _curve(store, "sac", [0.0, 900.0])
-    _curve(store, "td3", [0.0, 1000.0])
-    planner = _planner(store, members=2, handover=handover)
-    planner.issued("x", Plan("ppo", None, False, "test"))  # the other pod is busy
-    kept = planner.next()
-    assert kept.keeper and kept.algorithm == "td3"
-    planner.issued("td32", kept)
-    _settle_back(store, planner, "x")
-    _put(store, "sac2", "sac", 1500.0, parent="sac1")  # sac now holds the best checkpoint
+    planner = _td3_kept_then_sac_best(store, handover=handover)
     plan = planner.next()
     if handover == "next-pod":
         assert plan.keeper and plan.algorithm == "sac" and plan.parent is not None \
@@ -603,6 +585,22 @@ def test_a_new_best_takes_the_next_free_pod_while_the_last_keepers_round_runs(
         assert not planner.next().keeper
     else:
         assert not plan.keeper
+
+
+def _td3_kept_then_sac_best(store: LeaderboardStore, **config: Any) -> Planner:
+    """TD3's best lineage keeps a pod in a long round (``td32``); then SAC's ``sac2``
+    becomes the best checkpoint while that round runs."""
+    _curve(store, "ppo", [100.0, 110.0])
+    _curve(store, "sac", [0.0, 900.0])
+    _curve(store, "td3", [0.0, 1000.0])
+    planner = _planner(store, members=2, **config)
+    planner.issued("x", Plan("ppo", None, False, "test"))  # the other pod is busy
+    kept = planner.next()
+    assert kept.keeper and kept.algorithm == "td3"
+    planner.issued("td32", kept)
+    _settle_back(store, planner, "x")
+    _put(store, "sac2", "sac", 1500.0, parent="sac1")  # sac now holds the best checkpoint
+    return planner
 
 
 def _settle_back(store: LeaderboardStore, planner: Planner, init_id: str) -> None:
