@@ -54,7 +54,7 @@ class SelectionSpec:
     strategy's defaults, e.g. ``size = 3``); read-only."""
 
 
-KEEPERS = ("best", "leader", "near")
+KEEPERS = ("agreed", "best", "leader", "near")
 """The values of ``PopulationSpec.keeper``, the default first."""
 HANDOVERS = ("same-pod", "next-pod")
 """The values of ``PopulationSpec.handover``, the default first."""
@@ -88,9 +88,11 @@ class PopulationSpec:
     ``leaderboard.population``)."""
     keeper: str = KEEPERS[0]
     """Whose best lineage keeps a pod of its own once every algorithm is measured (more
-    than one pod): ``best``, the algorithm of the best checkpoint; ``leader``, the
-    algorithm that leads at equal training; ``near``, that leader while its best is near
-    the best checkpoint, else the best checkpoint's (``leaderboard.population``)."""
+    than one pod): ``agreed``, first the algorithm that leads at equal training, then
+    another only once it both holds the best checkpoint and beats the keeper at equal
+    training; ``best``, the algorithm of the best checkpoint; ``leader``, the algorithm
+    that leads at equal training; ``near``, that leader while its best is near the best
+    checkpoint, else the best checkpoint's (``leaderboard.population``)."""
     handover: str = HANDOVERS[0]
     """When another algorithm's lineage is to keep a pod while the last keeper's long
     round runs: ``same-pod``, it waits for the kept pod; ``next-pod``, its idle best head

@@ -51,7 +51,7 @@ def test_defaults_of_a_minimal_file() -> None:
     assert (exp.experience_pool, exp.pool_mib, exp.pool_own_share) == (True, 256, 0.75)
     assert exp.pool_warm_from == "off-policy" and exp.pool_keeper is True
     assert (exp.population.keeper, exp.population.handover, exp.population.stand_in) \
-        == ("best", "same-pod", "one-round")
+        == ("agreed", "same-pod", "one-round")
 
 
 @pytest.mark.parametrize(("data", "message"), [
