@@ -128,13 +128,16 @@ def _hparams_text(hparams: object) -> str:
     return json.dumps(hparams, sort_keys=True, allow_nan=False)
 
 
-def record_issued(store: LeaderboardStore, init: Initialization) -> None:
-    """Record ``init`` as issued (idempotent); call before publishing it."""
+def record_issued(store: LeaderboardStore, init: Initialization,
+                  reason: str | None = None) -> None:
+    """Record ``init`` as issued (idempotent), and why (the planner's ``Plan.reason``);
+    call before publishing it."""
     store.write(
         "INSERT OR IGNORE INTO issued (init_id, algorithm, env, hparams, parent_id, "
-        "generation, budget_steps, budget_seconds, issued) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "generation, budget_steps, budget_seconds, issued, reason) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (init.id, init.algorithm, init.env, _hparams_text(init.hparams), init.parent_id,
-         init.generation, init.budget.steps, init.budget.seconds, time.time()))
+         init.generation, init.budget.steps, init.budget.seconds, time.time(), reason))
 
 
 def issued(store: LeaderboardStore, init_id: str) -> Issued | None:

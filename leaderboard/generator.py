@@ -154,7 +154,8 @@ class InitializationMaker:
             plan = dataclasses.replace(plan, parent=None, mutate=False,
                                        reason=f"parent {plan.parent.id} unreadable")
             init = self._build(plan)
-        record_issued(self.store, init)  # before the publish: its checkpoint will find it
+        # before the publish: its checkpoint will find it
+        record_issued(self.store, init, plan.reason)
         self._planned = {init.id: plan}
         return init
 

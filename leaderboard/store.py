@@ -23,7 +23,9 @@ counts) ``reevaluated`` is 1 and ``score_claimed`` keeps what the pod claimed. T
 the publish), so the updater stores checkpoints only of rounds that were issued. A
 store of schema 1 is migrated in place when opened (columns added, old rows count as
 not re-evaluated). Schema 3 adds ``pool_rows`` (``Checkpoint.pool_rows``: transitions
-taken from the experience pool; older rows count 0).
+taken from the experience pool; older rows count 0); schema 4 the ``issued`` table's
+``reason``, why the planner issued the round (``KEEPER``, ``STAND_IN``, ...; older rows
+NULL), so a run's decisions can be read from its store.
 
 Retention (``prune``, called by the updater after each new checkpoint): every row is
 kept, only some blobs (``leaderboard.retention``).

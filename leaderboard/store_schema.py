@@ -2,15 +2,16 @@
 
 Schema 1: the checkpoints and issued tables; 2 added ``score_claimed`` and
 ``reevaluated`` (``leaderboard.claims``); 3 added ``pool_rows``
-(``Checkpoint.pool_rows``). A store of an older schema is migrated in place when opened,
-its older rows taking each new column's default.
+(``Checkpoint.pool_rows``); 4 added the ``issued`` table's ``reason`` (why the planner
+issued the round: ``leaderboard.population.Plan.reason``). A store of an older schema is
+migrated in place when opened, its older rows taking each new column's default.
 """
 
 from __future__ import annotations
 
 DB_NAME = "leaderboard.sqlite"
 """The SQLite file under the store's root."""
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The schema this build writes (``PRAGMA user_version``)."""
 
 COLUMNS = ("id", "parent_id", "experiment", "init_id", "pod", "algorithm", "env", "hparams",
@@ -55,7 +56,8 @@ CREATE TABLE IF NOT EXISTS issued (
     generation INTEGER NOT NULL,
     budget_steps INTEGER,
     budget_seconds REAL,
-    issued REAL NOT NULL
+    issued REAL NOT NULL,
+    reason TEXT
 );
 """
 """The tables and indexes of the current schema."""
@@ -64,6 +66,7 @@ MIGRATIONS = {
     1: ("ALTER TABLE checkpoints ADD COLUMN score_claimed REAL",
         "ALTER TABLE checkpoints ADD COLUMN reevaluated INTEGER NOT NULL DEFAULT 0"),
     2: ("ALTER TABLE checkpoints ADD COLUMN pool_rows INTEGER NOT NULL DEFAULT 0",),
+    3: ("ALTER TABLE issued ADD COLUMN reason TEXT",),
 }
 """Schema N -> the statements that take a store of schema N to N + 1."""
 

@@ -29,7 +29,6 @@ def test_a_keepers_round_is_several_rounds_long(tmp_path: Path) -> None:
     assert kept.budget == keeper_budget(exp.round_budget)
 
 
-
 def test_the_kept_lineage_learns_from_its_own_data_only_with_pool_keeper_false(
         tmp_path: Path) -> None:
     for pool_keeper in (True, False):
@@ -41,3 +40,13 @@ def test_the_kept_lineage_learns_from_its_own_data_only_with_pool_keeper_false(
             kept = maker._build(Plan("ppo", None, False, KEEPER, keeper=True))
             shared = maker._build(Plan("ppo", None, False, "first of its algorithm"))
         assert (kept.pooled, shared.pooled) == (pool_keeper, True)
+
+
+def test_the_store_keeps_why_each_round_was_issued(tmp_path: Path) -> None:
+    exp = default_experiment("torch/Pendulum-v1", total_budget={"seconds": 300})
+    with LeaderboardStore(tmp_path) as store:
+        maker = InitializationMaker(exp, default_registry(), default_strategies(), store,
+                                    random.Random(0))
+        init = maker.make()
+        rows = store.query("SELECT reason FROM issued WHERE init_id = ?", (init.id,))
+    assert [tuple(r) for r in rows] == [("first of its algorithm",)]

@@ -57,6 +57,10 @@ CREATE TABLE checkpoints (
     wall_time REAL NOT NULL, generation INTEGER NOT NULL, created REAL NOT NULL,
     curve TEXT NOT NULL, blob_sha256 TEXT NOT NULL, blob_size INTEGER NOT NULL,
     stored REAL NOT NULL);
+CREATE TABLE issued (
+    init_id TEXT PRIMARY KEY, algorithm TEXT NOT NULL, env TEXT NOT NULL,
+    hparams TEXT NOT NULL, parent_id TEXT, generation INTEGER NOT NULL,
+    budget_steps INTEGER, budget_seconds REAL, issued REAL NOT NULL);
 INSERT INTO checkpoints VALUES ('old', NULL, 'exp', 'old', 'pod-0', 'ppo', 'torch/Pendulum-v1',
     '{}', -300.0, 2.0, 10, 1.0, 0, 1.0, '[]', '%s', 1, 1.0);
 PRAGMA user_version = 1;
@@ -76,8 +80,9 @@ def test_a_schema_1_store_is_migrated_in_place(tmp_path: Path) -> None:
         assert [e.id for e in store.top(2)] == ["new", "old"]
     with LeaderboardStore(tmp_path) as again:  # reopening a migrated store is a no-op
         assert again.count() == 2
-        assert again.query("PRAGMA user_version")[0][0] == SCHEMA_VERSION == 3
+        assert again.query("PRAGMA user_version")[0][0] == SCHEMA_VERSION == 4
         assert again.get("old").pool_rows == 0  # type: ignore[union-attr]
+        assert [c[1] for c in again.query("PRAGMA table_info(issued)")][-1] == "reason"
 
 
 def test_retention_keeps_a_minority_algorithms_best_head(tmp_path: Path) -> None:
