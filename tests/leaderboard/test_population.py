@@ -629,8 +629,8 @@ def test_agreed_keeps_the_pod_for_the_leader_until_the_best_also_leads(
         store: LeaderboardStore) -> None:
     # HalfCheetah, measured (seed 0, a 2-core machine at 690 SAC env steps/s): at 128 s
     # PPO held the best checkpoint, 678 after 105 s of training, and SAC had 507 after
-    # 72 s (PPO's best so far read -17 there); by the best checkpoint PPO kept the pod for two long
-    # rounds, went on to 1069 and then 604, and SAC trained 20 s rounds
+    # 72 s (PPO's best so far read -17 there); by the best checkpoint PPO kept the pod
+    # for two long rounds, went on to 1069 and then 604, and SAC trained 20 s rounds
     _curve(store, "ppo", [-17.0, -117.0, -182.0, 678.0], wall=26.0)
     _curve(store, "sac", [-102.0, -53.0, 507.0], wall=24.0)
     _curve(store, "td3", [-188.0, -480.0], wall=25.0)
