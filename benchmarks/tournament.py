@@ -24,7 +24,9 @@ machine). Rows:
   shares the CPUs among the pods; MuJoCo tasks only; ``tournament_runs.TOURNAMENTS``). Each
   tournament run also prints the share of training data that came from the pool
   (``Checkpoint.pool_rows``; a mean over checkpoints): of the best checkpoint's lineage,
-  of every member, and per algorithm (0 without the pool).
+  of every member, and per algorithm (0 without the pool); on a score task, also the
+  training behind its best checkpoint (the env steps its lineage collected, the seconds of
+  its rounds) against the best lone row's mean env steps.
 * ``ppo``, ``sac``, ``td3``: ONE agent with its tuned default hyperparameters, alone on
   the machine, run as the CLI's lone pod runs it (``podracer train --algos sac --pods 1
   --round-budget 290s``): one round for the whole budget, ONE torch thread, the pod's

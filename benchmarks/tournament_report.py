@@ -92,7 +92,7 @@ def _pendulum_table(task: Task, cap: float, rows: dict[str, Row]) -> list[str]:
 
 def _score_table(rows: dict[str, Row]) -> list[str]:
     lone = [r for m, r in rows.items() if m in LONE and r.values]
-    best = max(lone, key=lambda r: r.mean, default=None)
+    best = best_lone(rows)
     # the std reference needs 2+ runs: the best lone row that has them
     spread = max((r for r in lone if len(r.values) > 1), key=lambda r: r.mean, default=None)
     randoms = [r for m, r in rows.items() if m in RANDOM and r.values]
@@ -152,6 +152,34 @@ def _pool_lines(rows: dict[str, Row]) -> list[str]:
             for r in rows[method].runs if not r.failed]
 
 
+def best_lone(rows: dict[str, Row]) -> Row | None:
+    """The lone row with the best mean score (``None``: no lone row has a score)."""
+    return max((r for m, r in rows.items() if m in LONE and r.values),
+               key=lambda r: r.mean, default=None)
+
+
+def training_lines(rows: dict[str, Row]) -> list[str]:
+    """Per tournament run, the training behind its best checkpoint: the env steps its
+    lineage collected and the seconds of its rounds, against the best lone row's mean
+    env steps (a score task's comparison: how much of the lone pod's training the
+    tournament gave the lineage it ends with)."""
+    lone = best_lone(rows)
+    steps = [r.env_steps for r in lone.runs if not r.failed] if lone is not None else []
+    reference = statistics.fmean(steps) if steps else None
+    lines = []
+    for method in TOURNAMENTS:
+        for r in rows[method].runs if method in rows else []:
+            if r.failed or r.best_steps is None or r.best_seconds is None:
+                continue
+            against = ("" if lone is None or not reference else
+                       f" ({ratio(r.best_steps, reference)}x the {lone.method} row's mean "
+                       f"{reference:,.0f})")
+            lines.append(f"training behind the best checkpoint, {method} s{r.seed}: "
+                         f"{r.best_steps:,} env steps in {r.best_seconds:.0f} s of rounds"
+                         + against)
+    return lines
+
+
 def speed_line(rows: dict[str, Row]) -> str | None:
     """The machine's speed, read off the lone rows: env steps per second of training,
     a mean over runs (``None``: no lone row ran). Tables of different days compare
@@ -185,6 +213,7 @@ def report(tasks: list[Task], budgets: dict[str, float], results: list[RunResult
         speed = speed_line(rows)
         out += [speed] if speed else []
         out += _pool_lines(rows)
+        out += training_lines(rows) if task.target is None else []
         out.append("per run (time to target s/confirm, claims refuted before it):"
                    if task.target is not None else "per run (score):")
         out += _raw(task, rows)

@@ -168,6 +168,11 @@ class RunResult:
     """The same for the best checkpoint's lineage (it and its ancestors)."""
     pool_share_all: float | None = None
     """The same over every checkpoint of every member."""
+    best_steps: int | None = None
+    """Env steps the best checkpoint's lineage (it and its ancestors) collected itself
+    (tournament rows; a lone agent's are ``env_steps``)."""
+    best_seconds: float | None = None
+    """Wall seconds of the rounds of that lineage (``wall`` for a lone agent)."""
     error: str | None = None
     """What went wrong (a run with a result may carry one: train()'s exit code)."""
     failed: bool = False
@@ -295,7 +300,10 @@ def run_tournament(task: Task, seed: int, budget: float, out: Path, *,
         top = store.top(1) if entries else []
         if top:
             best = top[0]
-            result.pool_share_best = mean_share(store.lineage(best.id))
+            lineage = store.lineage(best.id)
+            result.pool_share_best = mean_share(lineage)
+            result.best_steps = sum(e.env_steps for e in lineage)
+            result.best_seconds = sum(e.wall_time for e in lineage)
             result.algorithm, result.hparams = best.algorithm, dict(best.hparams)
             result.in_training_best = best.score_mean
             result.score = reevaluate(task.env, best.algorithm, best.hparams,

@@ -98,3 +98,19 @@ def test_runs_recorded_without_a_budget_get_their_files_budget(tmp_path: Path) -
     path.write_text(json.dumps(data))
     (run,) = load_results(path)
     assert run.budget == 300.0 and run.score == 5.0
+
+
+def test_the_report_prints_the_training_behind_the_best_checkpoint_against_the_lone_pod(
+) -> None:
+    results = [
+        RunResult("halfcheetah", "tournament", 0, score=4400.0, algorithm="sac",
+                  best_steps=305_248, best_seconds=275.4),
+        RunResult("halfcheetah", "sac", 0, score=5300.0, env_steps=347_136, wall=302.9),
+        RunResult("halfcheetah", "sac", 1, score=5100.0, env_steps=353_000, wall=303.0),
+        RunResult("halfcheetah", "td3", 0, score=5000.0, env_steps=900_000, wall=303.0),
+    ]
+    text = report([TASKS["halfcheetah"]], {"halfcheetah": 300.0}, results)
+    # against the best lone row (sac: 5200 over td3's 5000), its mean env steps over both
+    # seeds, not td3's many cheap steps
+    assert ("training behind the best checkpoint, tournament s0: 305,248 env steps in "
+            "275 s of rounds (0.87x the sac row's mean 350,068)") in text
