@@ -129,7 +129,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from broker.core.errors import ConfigError
-from broker.core.experiment_specs import HANDOVERS, KEEPERS, STAND_INS, check_rules
+from broker.core.experiment_specs import (
+    HANDOVERS,
+    KEEPER_FROMS,
+    KEEPERS,
+    STAND_INS,
+    check_rules,
+)
 from leaderboard.curves import Curve, beats, cost, exploring, leader, pairs, shares, slope
 from leaderboard.selection import SelectionStrategy, ranked, significantly_better
 from leaderboard.store import Entry, LeaderboardStore
@@ -216,6 +222,9 @@ class PopulationConfig:
     stand_in: str = STAND_INS[0]
     """While a new keeper's best head is busy, the last keeper's lineage goes on in one
     ordinary round (``one-round``: ``STAND_IN``) or in a keeper's long round (``long``)."""
+    keeper_from: str = KEEPER_FROMS[0]
+    """The first keeper is chosen once every algorithm is measured (``measured``), or once
+    every algorithm has also trained ``ready_s`` (``ready``)."""
     explore_p: float = 0.0
     """Probability that a round starts a fresh lineage with sampled hyperparameters."""
     window: int = 4
@@ -236,7 +245,7 @@ class PopulationConfig:
             raise ConfigError("population.ready_s", f"must be >= 0, got {self.ready_s}")
         if not 0.0 <= self.min_share <= 1.0:
             raise ConfigError("population.min_share", f"must be in [0, 1], got {self.min_share}")
-        check_rules(self.keeper, self.handover, self.stand_in)
+        check_rules(self.keeper, self.handover, self.stand_in, self.keeper_from)
         if not 0.0 <= self.explore_p <= 1.0:
             raise ConfigError("explore_p", f"must be in [0, 1], got {self.explore_p}")
         if self.window < 2:
@@ -420,7 +429,9 @@ class Planner:
         tally = pairs(measured, cfg.episodes)
         first = leader(measured, cfg.episodes, tally)
         shared_pods = first is not None and len(measured) == len(self.mix) > 1 \
-            and bool(self._issued)
+            and bool(self._issued) and (
+                self.incumbent is not None or cfg.keeper_from == "measured"
+                or all(c.trained >= cfg.ready_s for c in measured.values()))
         keeps = self._kept(first, measured, tally) if shared_pods else None
         keeper = self._keeper_round(keeps) if keeps is not None else None
         if keeper is not None:

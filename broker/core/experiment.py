@@ -19,6 +19,7 @@ from typing import Any
 from broker.core.errors import ConfigError
 from broker.core.experiment_specs import (
     HANDOVERS,
+    KEEPER_FROMS,
     KEEPERS,
     STAND_INS,
     MutationConfig,
@@ -255,8 +256,9 @@ def _population(table: Table) -> PopulationSpec:
         min_share=table.required_number("min_share", 0.15, 0.0, 1.0),
         keeper=table.string("keeper", KEEPERS[0]),
         handover=table.string("handover", HANDOVERS[0]),
-        stand_in=table.string("stand_in", STAND_INS[0]))
-    check_rules(spec.keeper, spec.handover, spec.stand_in)
+        stand_in=table.string("stand_in", STAND_INS[0]),
+        keeper_from=table.string("keeper_from", KEEPER_FROMS[0]))
+    check_rules(spec.keeper, spec.handover, spec.stand_in, spec.keeper_from)
     table.finish()
     return spec
 

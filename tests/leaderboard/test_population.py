@@ -686,3 +686,24 @@ def test_near_keeps_the_pod_for_the_leader_at_equal_training_near_the_best(
         planner = _planner(store, MIX, members=2, keeper=keeper)
         planner.issued("x", Plan("ppo", None, False, "test"))
         assert planner.next().algorithm == kept, keeper
+
+
+def test_the_first_keeper_waits_until_every_algorithm_is_ready_with_keeper_from_ready(
+        store: LeaderboardStore) -> None:
+    # HalfCheetah, measured (seed 1, no pool): after two rounds TD3 read 428 at 46 s of
+    # training where SAC read 227, though SAC's third round had reached 2190; once every
+    # algorithm was measured TD3 kept the pod for a long round and SAC took it at 181 s
+    _curve(store, "ppo", [1.4, -119.0, 129.0], wall=27.0)
+    _curve(store, "sac", [-128.0, 227.0, 2190.0], wall=23.0)
+    _curve(store, "td3", [-595.0, 428.0], wall=23.0)
+    for keeper_from, keeps in (("measured", True), ("ready", False)):
+        planner = _planner(store, MIX, members=2, keeper_from=keeper_from)
+        planner.issued("x", Plan("ppo", None, False, "test"))  # the other pod is busy
+        plan = planner.next()
+        assert plan.keeper == keeps, (keeper_from, plan)
+        assert not keeps or plan.algorithm == "td3"
+    # TD3's third round: every algorithm has trained 60 s, and at 69 s SAC leads
+    _put(store, "td32", "td3", 700.0, parent="td31", wall=23.0)
+    plan = planner.next()
+    assert plan.keeper and plan.algorithm == "sac" and plan.parent is not None \
+        and plan.parent.id == "sac2"
