@@ -45,7 +45,8 @@ weights, so the score curve runs on through it), on an axis of training seconds
    per round, so a change of shares takes effect at once rather than after the old
    surplus is paid back).
 
-   With more than one pod, once every algorithm is measured, **one algorithm's best
+   With more than one pod, once every algorithm is measured (with ``keeper_from =
+   "ready"``, once every algorithm has also trained ``ready_s``), **one algorithm's best
    lineage keeps a pod of its own**, the *keeper*, and the other pods explore. By
    default (``keeper = "agreed"``, ``AGREED``) the first keeper is the leader at equal
    training when it leads on evidence (it beats another; else the best checkpoint's
