@@ -86,7 +86,7 @@ TOURNAMENTS: dict[str, Mapping[str, Any]] = {
     "tournament-nextpod": {"population.handover": "next-pod"},
     "tournament-standinlong": {"population.stand_in": "long"},
     "tournament-standinround": {"population.stand_in": "one-round"},
-    "tournament-keeperready": {"population.keeper_from": "ready"},
+    "tournament-measureready": {"population.measure": "ready"},
     "tournament-envthreads1": {"env_kwargs": {"num_threads": 1}},
     "tournament-envthreadsall": {"env_kwargs": {"num_threads": len(os.sched_getaffinity(0))}},
 }
@@ -100,8 +100,8 @@ whoever wrote them (``pool_warm_from``; the default takes off-policy rows first)
 with the leader's kept lineage learning from its own data only (``pool_keeper``), and
 with a new keeper taking the next free pod (``population.handover``), and with the last
 keeper's lineage standing in for a busy new keeper for a long round or for one round
-(``population.stand_in``), and with the first keeper chosen only once every algorithm
-has trained ``ready_s`` (``population.keeper_from``), and with each pod's
+(``population.stand_in``), and with every algorithm's first lineage going first until it
+has trained ``ready_s``, not for two rounds (``population.measure``), and with each pod's
 MuJoCo copies stepped on one thread or on every CPU (``env_kwargs.num_threads``, MuJoCo
 tasks only; by default on the node's CPUs shared among its pods,
 ``podracer.train.fit_to_machine``); the rows keep their meaning whatever the default)."""

@@ -93,13 +93,13 @@ def population_config(experiment: Experiment, pods: int) -> PopulationConfig:
                                 ready_s=float(READY_ROUNDS * steps), by_steps=True,
                                 min_share=spec.min_share, keeper=spec.keeper,
                                 handover=spec.handover, stand_in=spec.stand_in,
-                                keeper_from=spec.keeper_from, explore_p=experiment.explore_p,
+                                measure=spec.measure, explore_p=experiment.explore_p,
                                 episodes=experiment.eval_episodes)
     return PopulationConfig(members=spec.members or max(1, pods),
                             ready_s=spec.ready_s or READY_ROUNDS * round_seconds(experiment),
                             min_share=spec.min_share, keeper=spec.keeper,
                             handover=spec.handover, stand_in=spec.stand_in,
-                            keeper_from=spec.keeper_from, explore_p=experiment.explore_p,
+                            measure=spec.measure, explore_p=experiment.explore_p,
                             episodes=experiment.eval_episodes)
 
 

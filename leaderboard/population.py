@@ -45,8 +45,9 @@ weights, so the score curve runs on through it), on an axis of training seconds
    per round, so a change of shares takes effect at once rather than after the old
    surplus is paid back).
 
-   With more than one pod, once every algorithm is measured (with ``keeper_from =
-   "ready"``, once every algorithm has also trained ``ready_s``), **one algorithm's best
+   With ``measure = "ready"``, an algorithm's first lineage goes first until it has
+   trained ``ready_s``, not for two rounds only (``MEASURE``), and "measured" below means
+   that much. With more than one pod, once every algorithm is measured, **one algorithm's best
    lineage keeps a pod of its own**, the *keeper*, and the other pods explore. By
    default (``keeper = "agreed"``, ``AGREED``) the first keeper is the leader at equal
    training when it leads on evidence (it beats another; else the best checkpoint's
@@ -132,8 +133,8 @@ from collections.abc import Callable, Mapping, Sequence
 from broker.core.errors import ConfigError
 from broker.core.experiment_specs import (
     HANDOVERS,
-    KEEPER_FROMS,
     KEEPERS,
+    MEASURES,
     STAND_INS,
     check_rules,
 )
@@ -146,10 +147,12 @@ RECENT_DECAY = 0.9
 memory of about ten rounds)."""
 KEEPER = "continue the leader's best lineage"
 """The reason of a round on the leader's pod of its own (one such round at a time)."""
-MEASURE = "continue an algorithm's first lineage: its second round measures it"
-"""The reason of an algorithm's second round (``Planner._second_round``). HalfCheetah,
-measured: the round robin started TD3's first lineage on the pod where SAC's first
-round had ended, and SAC's lineage, the eventual leader, waited 29 s for a pod."""
+MEASURE = "continue an algorithm's first lineage: it is measured before it is judged"
+"""The reason of a round of an algorithm's first lineage while the algorithm is not
+measured (``Planner._measuring_round``: its second round, or with ``measure = "ready"``
+every round until it has trained ``ready_s``). HalfCheetah, measured: the round robin
+started TD3's first lineage on the pod where SAC's first round had ended, and SAC's
+lineage, the eventual leader, waited 29 s for a pod."""
 RETURN = "return the leader's best lineage to its best checkpoint"
 """The reason of a keeper's round that continues the algorithm's best checkpoint, not its
 fallen head (Hopper, measured: SAC's best lineage reached 2119 at 180 s, then went 1567,
@@ -223,9 +226,10 @@ class PopulationConfig:
     stand_in: str = STAND_INS[0]
     """While a new keeper's best head is busy, the last keeper's lineage goes on in one
     ordinary round (``one-round``: ``STAND_IN``) or in a keeper's long round (``long``)."""
-    keeper_from: str = KEEPER_FROMS[0]
-    """The first keeper is chosen once every algorithm is measured (``measured``), or once
-    every algorithm has also trained ``ready_s`` (``ready``)."""
+    measure: str = MEASURES[0]
+    """An algorithm's first lineage goes first for two rounds (``two-rounds``) or until it
+    has trained ``ready_s`` (``ready``), and the first keeper waits for every algorithm to
+    have as much (``MEASURE``)."""
     explore_p: float = 0.0
     """Probability that a round starts a fresh lineage with sampled hyperparameters."""
     window: int = 4
@@ -246,7 +250,7 @@ class PopulationConfig:
             raise ConfigError("population.ready_s", f"must be >= 0, got {self.ready_s}")
         if not 0.0 <= self.min_share <= 1.0:
             raise ConfigError("population.min_share", f"must be in [0, 1], got {self.min_share}")
-        check_rules(self.keeper, self.handover, self.stand_in, self.keeper_from)
+        check_rules(self.keeper, self.handover, self.stand_in, self.measure)
         if not 0.0 <= self.explore_p <= 1.0:
             raise ConfigError("explore_p", f"must be in [0, 1], got {self.explore_p}")
         if self.window < 2:
@@ -430,16 +434,15 @@ class Planner:
         tally = pairs(measured, cfg.episodes)
         first = leader(measured, cfg.episodes, tally)
         shared_pods = first is not None and len(measured) == len(self.mix) > 1 \
-            and bool(self._issued) and (
-                self.incumbent is not None or cfg.keeper_from == "measured"
-                or all(c.trained >= cfg.ready_s for c in measured.values()))
+            and bool(self._issued) and (self.incumbent is not None or all(
+                self._ready(curves.get(a)) for a in self.mix))
         keeps = self._kept(first, measured, tally) if shared_pods else None
         keeper = self._keeper_round(keeps) if keeps is not None else None
         if keeper is not None:
             return keeper
-        second = self._second_round(curves)
-        if second is not None:
-            return second
+        measuring = self._measuring_round(curves)
+        if measuring is not None:
+            return measuring
         weights = exploring(self.mix, curves, cfg.min_share, cfg.episodes, cfg.ready_s) \
             if shared_pods else share
         # an algorithm not measured yet runs one round at a time (HalfCheetah, measured: a
@@ -520,18 +523,26 @@ class Planner:
                 keeper = dataclasses.replace(keeper, keeper=False, reason=STAND_IN)
         return keeper
 
-    def _second_round(self, curves: Mapping[str, Curve | None]) -> Plan | None:
-        """The second round of an algorithm's first lineage, once its first is back and
-        idle: an algorithm is measured on two rounds of one lineage, with no wait between
-        them (``MEASURE``). One algorithm alone is never compared: none."""
+    def _ready(self, curve: Curve | None) -> bool:
+        """Whether an algorithm of this ``curve`` is measured (``PopulationConfig.measure``):
+        it has two checkpoints, and with ``ready`` it has trained ``ready_s``."""
+        return curve is not None and (self.config.measure != "ready"
+                                      or curve.trained >= self.config.ready_s)
+
+    def _measuring_round(self, curves: Mapping[str, Curve | None]) -> Plan | None:
+        """The next round of an algorithm's first lineage while that algorithm is not
+        measured (``_ready``) and the lineage is idle: an algorithm is measured on one
+        lineage, with no wait between its rounds (``MEASURE``). One algorithm alone is
+        never compared: none."""
         if len(self.mix) < 2:
             return None
         for algorithm in self.mix:
-            if curves.get(algorithm) is not None:
+            if self._ready(curves.get(algorithm)):
                 continue
-            entries = self.store.top(2, algorithm=algorithm)
-            if len(entries) == 1 and self._idle(entries[0]):
-                return Plan(algorithm, entries[0], False, MEASURE)
+            entries = self.store.top(1_000_000, algorithm=algorithm)
+            heads = Family(entries, self.config.by_steps).heads if entries else []
+            if len(heads) == 1 and self._idle(heads[0]):
+                return Plan(algorithm, heads[0], False, MEASURE)
         return None
 
     def _keeper(self, algorithm: str) -> Plan | None:

@@ -19,8 +19,8 @@ from typing import Any
 from broker.core.errors import ConfigError
 from broker.core.experiment_specs import (
     HANDOVERS,
-    KEEPER_FROMS,
     KEEPERS,
+    MEASURES,
     STAND_INS,
     MutationConfig,
     PopulationSpec,
@@ -257,8 +257,8 @@ def _population(table: Table) -> PopulationSpec:
         keeper=table.string("keeper", KEEPERS[0]),
         handover=table.string("handover", HANDOVERS[0]),
         stand_in=table.string("stand_in", STAND_INS[0]),
-        keeper_from=table.string("keeper_from", KEEPER_FROMS[0]))
-    check_rules(spec.keeper, spec.handover, spec.stand_in, spec.keeper_from)
+        measure=table.string("measure", MEASURES[0]))
+    check_rules(spec.keeper, spec.handover, spec.stand_in, spec.measure)
     table.finish()
     return spec
 

@@ -60,17 +60,17 @@ HANDOVERS = ("same-pod", "next-pod")
 """The values of ``PopulationSpec.handover``, the default first."""
 STAND_INS = ("one-round", "long")
 """The values of ``PopulationSpec.stand_in``, the default first."""
-KEEPER_FROMS = ("measured", "ready")
-"""The values of ``PopulationSpec.keeper_from``, the default first."""
+MEASURES = ("two-rounds", "ready")
+"""The values of ``PopulationSpec.measure``, the default first."""
 
 
-def check_rules(keeper: str, handover: str, stand_in: str, keeper_from: str) -> None:
+def check_rules(keeper: str, handover: str, stand_in: str, measure: str) -> None:
     """Refuse a ``population.keeper`` not in ``KEEPERS``, a ``handover`` not in
-    ``HANDOVERS``, a ``stand_in`` not in ``STAND_INS``, a ``keeper_from`` not in
-    ``KEEPER_FROMS``."""
+    ``HANDOVERS``, a ``stand_in`` not in ``STAND_INS``, a ``measure`` not in
+    ``MEASURES``."""
     for name, value, values in (("keeper", keeper, KEEPERS), ("handover", handover, HANDOVERS),
                                 ("stand_in", stand_in, STAND_INS),
-                                ("keeper_from", keeper_from, KEEPER_FROMS)):
+                                ("measure", measure, MEASURES)):
         if value not in values:
             raise ConfigError(f"population.{name}", f"unknown {name} {value!r}",
                               f"use one of {', '.join(values)}")
@@ -106,10 +106,12 @@ class PopulationSpec:
     """While a new keeper's best head is busy on another pod, the last keeper's lineage goes
     on in the freed pod: ``one-round``, for one ordinary round, so the new keeper takes the
     next free pod; ``long``, for a keeper's long round (``leaderboard.population``)."""
-    keeper_from: str = KEEPER_FROMS[0]
-    """When the first keeper is chosen: ``measured``, once every algorithm has two
-    checkpoints; ``ready``, once every algorithm has also trained ``ready_s``, so that no
-    keeper is chosen on comparisons shorter than that (``leaderboard.population``)."""
+    measure: str = MEASURES[0]
+    """How long an algorithm is measured before it is judged: ``two-rounds``, its first
+    lineage's first two rounds come before other rounds, and the first keeper is chosen
+    once every algorithm has them; ``ready``, its first lineage's rounds come first until
+    it has trained ``ready_s``, and the first keeper is chosen once every algorithm has
+    (``leaderboard.population``)."""
 
 
 MIN_ROUND_S = 10.0

@@ -16,7 +16,7 @@ import torch
 from broker.core.errors import ConfigError
 from broker.core.schemas import Checkpoint
 from leaderboard.curves import Curve, exploring, leader, pairs, shares
-from leaderboard.population import STAND_IN, Family, Plan, Planner, PopulationConfig
+from leaderboard.population import MEASURE, STAND_IN, Family, Plan, Planner, PopulationConfig
 from leaderboard.selection import Tournament
 from leaderboard.store import LeaderboardStore
 
@@ -471,7 +471,7 @@ def test_an_algorithms_second_round_comes_before_anothers_first(
     planner.issued("p", Plan("ppo", None, False, "test"))  # ppo's first, in flight
     plan = planner.next()
     assert plan.algorithm == "sac" and plan.parent is not None and plan.parent.id == "s0"
-    assert plan.reason == "continue an algorithm's first lineage: its second round measures it"
+    assert plan.reason == MEASURE
     planner.issued("s1", plan)
     # its lineage busy, td3 starts
     assert planner.next().algorithm == "td3"
@@ -688,22 +688,30 @@ def test_near_keeps_the_pod_for_the_leader_at_equal_training_near_the_best(
         assert planner.next().algorithm == kept, keeper
 
 
-def test_the_first_keeper_waits_until_every_algorithm_is_ready_with_keeper_from_ready(
+def test_with_measure_ready_an_algorithm_trains_ready_s_before_it_is_judged(
         store: LeaderboardStore) -> None:
-    # HalfCheetah, measured (seed 1, no pool): after two rounds TD3 read 428 at 46 s of
-    # training where SAC read 227, though SAC's third round had reached 2190; once every
-    # algorithm was measured TD3 kept the pod for a long round and SAC took it at 181 s
-    _curve(store, "ppo", [1.4, -119.0, 129.0], wall=27.0)
-    _curve(store, "sac", [-128.0, 227.0, 2190.0], wall=23.0)
-    _curve(store, "td3", [-595.0, 428.0], wall=23.0)
-    for keeper_from, keeps in (("measured", True), ("ready", False)):
-        planner = _planner(store, MIX, members=2, keeper_from=keeper_from)
+    # HalfCheetah, measured (seed 2): SAC read -116 and -246 after two rounds, waited 65 s
+    # for its third while TD3, 520 after 45 s, took the kept pod; the third read 2204
+    _curve(store, "ppo", [0.7, -151.0, 1012.0], wall=25.0)
+    _curve(store, "sac", [-116.0, -246.0], wall=23.0)
+    _curve(store, "td3", [233.0, 520.0], wall=23.0)
+    for measure in ("two-rounds", "ready"):
+        planner = _planner(store, MIX, members=2, measure=measure)
         planner.issued("x", Plan("ppo", None, False, "test"))  # the other pod is busy
         plan = planner.next()
-        assert plan.keeper == keeps, (keeper_from, plan)
-        assert not keeps or plan.algorithm == "td3"
-    # TD3's third round: every algorithm has trained 60 s, and at 69 s SAC leads
-    _put(store, "td32", "td3", 700.0, parent="td31", wall=23.0)
+        if measure == "two-rounds":  # judged on two rounds: TD3 leads and keeps a pod
+            assert plan.keeper and plan.algorithm == "td3", plan
+    # with "ready": SAC's lineage goes on first (mix order ppo, sac, td3; ppo is ready)
+    assert not plan.keeper and plan.algorithm == "sac" and plan.reason == MEASURE \
+        and plan.parent is not None and plan.parent.id == "sac1"
+    planner.issued("sac2", plan)
+    # then TD3's, and no pod is kept until every algorithm has trained ready_s (60 s)
+    plan = planner.next()
+    assert not plan.keeper and plan.algorithm == "td3" and plan.reason == MEASURE
+    planner.issued("td32", plan)
+    _put(store, "sac2", "sac", 2204.0, parent="sac1", wall=23.0)
+    _put(store, "td32", "td3", 1174.0, parent="td31", wall=23.0)
+    planner.issued("y", Plan("ppo", None, False, "test"))
     plan = planner.next()
     assert plan.keeper and plan.algorithm == "sac" and plan.parent is not None \
         and plan.parent.id == "sac2"
