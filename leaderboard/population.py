@@ -45,9 +45,10 @@ weights, so the score curve runs on through it), on an axis of training seconds
    per round, so a change of shares takes effect at once rather than after the old
    surplus is paid back).
 
-   With ``measure = "ready"``, an algorithm's first lineage goes first until it has
-   trained ``ready_s``, not for two rounds only (``MEASURE``), and "measured" below means
-   that much. With more than one pod, once every algorithm is measured, **one algorithm's best
+   By default (``measure = "ready"``) an algorithm's first lineage goes first until it
+   has trained ``ready_s``, not for its second round only (``"two-rounds"``), and
+   "measured" below means that much: nobody is judged before it had time to learn
+   (``MEASURE``). With more than one pod, once every algorithm is measured, **one algorithm's best
    lineage keeps a pod of its own**, the *keeper*, and the other pods explore. By
    default (``keeper = "agreed"``, ``AGREED``) the first keeper is the leader at equal
    training when it leads on evidence (it beats another; else the best checkpoint's
@@ -149,10 +150,20 @@ KEEPER = "continue the leader's best lineage"
 """The reason of a round on the leader's pod of its own (one such round at a time)."""
 MEASURE = "continue an algorithm's first lineage: it is measured before it is judged"
 """The reason of a round of an algorithm's first lineage while the algorithm is not
-measured (``Planner._measuring_round``: its second round, or with ``measure = "ready"``
-every round until it has trained ``ready_s``). HalfCheetah, measured: the round robin
-started TD3's first lineage on the pod where SAC's first round had ended, and SAC's
-lineage, the eventual leader, waited 29 s for a pod."""
+measured (``Planner._measuring_round``: with ``measure = "ready"``, the default, every
+round until it has trained ``ready_s``; with ``"two-rounds"`` its second round).
+HalfCheetah, measured: the round robin started TD3's first lineage on the pod where
+SAC's first round had ended, and SAC's lineage, the eventual leader, waited 29 s for a
+pod. ``"ready"`` against ``"two-rounds"`` on HalfCheetah, 3 seeds each, on a machine
+where the lone SAC pod made 1,166 env steps/s (``benchmarks.tournament --tasks
+halfcheetah``; the ``tournament-measureready`` runs right after the others): "ready"
+4743 ± 197 (4526, 4788, 4913), "two-rounds" 4276 ± 573 (4378, 4792, 3659), SAC alone
+5384 ± 102. Judged on two rounds, SAC (-116 and -246: its first 50k steps on HalfCheetah
+go nowhere) lost to TD3 (233, 520) at 45 s of training in two of three runs (and in the
+run without the pool); TD3 kept the pod from 115 s to 191-199 s while SAC's third round,
+2204 and 2402, waited 60 s for a pod. With "ready" SAC's third round came next; TD3,
+warm-started from the pool, still kept the pod first in two runs, once rightly (it
+scored 4788)."""
 RETURN = "return the leader's best lineage to its best checkpoint"
 """The reason of a keeper's round that continues the algorithm's best checkpoint, not its
 fallen head (Hopper, measured: SAC's best lineage reached 2119 at 180 s, then went 1567,
@@ -227,9 +238,9 @@ class PopulationConfig:
     """While a new keeper's best head is busy, the last keeper's lineage goes on in one
     ordinary round (``one-round``: ``STAND_IN``) or in a keeper's long round (``long``)."""
     measure: str = MEASURES[0]
-    """An algorithm's first lineage goes first for two rounds (``two-rounds``) or until it
-    has trained ``ready_s`` (``ready``), and the first keeper waits for every algorithm to
-    have as much (``MEASURE``)."""
+    """An algorithm's first lineage goes first until it has trained ``ready_s``
+    (``ready``) or for two rounds (``two-rounds``), and the first keeper waits for every
+    algorithm to have as much (``MEASURE``). Measured: ``MEASURE``."""
     explore_p: float = 0.0
     """Probability that a round starts a fresh lineage with sampled hyperparameters."""
     window: int = 4

@@ -60,7 +60,7 @@ HANDOVERS = ("same-pod", "next-pod")
 """The values of ``PopulationSpec.handover``, the default first."""
 STAND_INS = ("one-round", "long")
 """The values of ``PopulationSpec.stand_in``, the default first."""
-MEASURES = ("two-rounds", "ready")
+MEASURES = ("ready", "two-rounds")
 """The values of ``PopulationSpec.measure``, the default first."""
 
 
@@ -107,11 +107,10 @@ class PopulationSpec:
     on in the freed pod: ``one-round``, for one ordinary round, so the new keeper takes the
     next free pod; ``long``, for a keeper's long round (``leaderboard.population``)."""
     measure: str = MEASURES[0]
-    """How long an algorithm is measured before it is judged: ``two-rounds``, its first
-    lineage's first two rounds come before other rounds, and the first keeper is chosen
-    once every algorithm has them; ``ready``, its first lineage's rounds come first until
-    it has trained ``ready_s``, and the first keeper is chosen once every algorithm has
-    (``leaderboard.population``)."""
+    """How long an algorithm is measured before it is judged: ``ready``, its first
+    lineage's rounds come before other rounds until it has trained ``ready_s``, and the
+    first keeper is chosen once every algorithm has; ``two-rounds``, the same for its
+    first two rounds (``leaderboard.population``)."""
 
 
 MIN_ROUND_S = 10.0

@@ -51,7 +51,7 @@ def test_defaults_of_a_minimal_file() -> None:
     assert (exp.experience_pool, exp.pool_mib, exp.pool_own_share) == (True, 256, 0.75)
     assert exp.pool_warm_from == "off-policy" and exp.pool_keeper is True
     assert (exp.population.keeper, exp.population.handover, exp.population.stand_in,
-            exp.population.measure) == ("agreed", "same-pod", "one-round", "two-rounds")
+            exp.population.measure) == ("agreed", "same-pod", "one-round", "ready")
 
 
 @pytest.mark.parametrize(("data", "message"), [
@@ -77,7 +77,7 @@ def test_defaults_of_a_minimal_file() -> None:
     (with_(population={"stand_in": "never"}),
      r"population\.stand_in: unknown stand_in 'never' \(use one of one-round, long\)"),
     (with_(population={"measure": "start"}),
-     r"population\.measure: unknown measure 'start' \(use one of two-rounds, ready\)"),
+     r"population\.measure: unknown measure 'start' \(use one of ready, two-rounds\)"),
     (with_(target_score=float("nan")), r"target_score: expected a finite number"),
     (with_(name="bad name!"), r"name: 'bad name!' is not a valid experiment name"),
     # ``$`` matched before a trailing newline: the name namespaces broker names

@@ -45,6 +45,8 @@ def _put(store: LeaderboardStore, cid: str, algorithm: str, score: float, *,
 
 def _planner(store: LeaderboardStore, mix: dict[str, float] | None = None,
              **config: Any) -> Planner:
+    # the rules after measuring are tested on algorithms measured on two rounds each
+    config = {"measure": "two-rounds", **config}
     return Planner(mix or MIX, PopulationConfig(**config), Tournament(2), store,
                    random.Random(0), lost_after_s=600.0)
 
