@@ -48,42 +48,42 @@ weights, so the score curve runs on through it), on an axis of training seconds
    By default (``measure = "ready"``) an algorithm's first lineage goes first until it
    has trained ``ready_s``, not for its second round only (``"two-rounds"``), and
    "measured" below means that much: nobody is judged before it had time to learn
-   (``MEASURE``). With more than one pod, once every algorithm is measured, **one algorithm's best
-   lineage keeps a pod of its own**, the *keeper*, and the other pods explore. By
-   default (``keeper = "agreed"``, ``AGREED``) the first keeper is the leader at equal
-   training when it leads on evidence (it beats another; else the best checkpoint's
-   algorithm), and the pod goes to another algorithm only once both rules agree on it: it
-   holds the best checkpoint *and* beats the keeper at equal training. With ``"best"``,
-   the algorithm that holds the best checkpoint keeps it; with ``"leader"``, the algorithm
-   leading on evidence (with none the round robin); with ``"near"``, that leader's while
-   its best checkpoint is within ``RETURN_DROP`` of the best one, else the best
-   checkpoint's. Measured on HalfCheetah, 3 seeds interleaved: by the leader at equal
-   training the pod went at 192 s to TD3 (4470 after 84 s of training, against SAC's
-   4073 then) while SAC's best lineage, at 6527, waited 61 s for a pod; kept by the best
-   checkpoint, SAC's best lineage trained without a gap to the end and the tournament
-   scored 7712 against 6737 (1.05x and 0.92x the lone SAC pod). The equal-training
-   comparison still shares the other pods and the one pod. When a round comes
-   back and none in flight is on the leader's pod, the leader's idle best head is
-   continued there (``KEEPER``), so the lineage most likely to win trains without a
-   gap, as a lone pod would. A new leader whose head is busy on another pod takes the
-   next pod that frees up; meanwhile the last leader's lineage goes on in the freed pod
-   for one ordinary round (``STAND_IN``; measured: the pod went to the round robin, and
-   the last leader's best lineage, at 3720, had no round in the last 60 s; as a long
-   round, ``stand_in = "long"``, it held the pod 60 s more). A new keeper whose best head
-   is idle while the last keeper's long round runs waits for the kept pod (``handover =
-   "same-pod"``, the default), or takes the next pod that frees up (``"next-pod"``; the
-   last keeper's round runs out and its pod explores). Waiting, on HalfCheetah SAC's
-   lineage, holding the best checkpoint at 3781 from 104 s, sat idle 67 s while TD3's
-   60 s round ran on the kept pod and the other pod ran PPO's floor and a TD3 branch (that
-   run ended at 5088; in two of three later runs it sat 68-70 s); yet over 3 seeds
-   interleaved "next-pod" scored 7310 ± 1017 against 7534 ± 873: TD3, which kept the pod,
-   also learns far, so the wait cost nothing measurable, and the default stays. The
-   leader's pod trains in rounds ``KEEPER_ROUNDS`` long (the pod waits for the updater's
-   measurement of a round's checkpoint before it can continue it: once per long round). When that
-   lineage has collapsed, fallen below the algorithm's best checkpoint significantly
-   (Welch, as below) and by more than ``RETURN_DROP`` of that score, and is not
-   improving, the keeper continues that checkpoint instead (``RETURN``): a collapse
-   (common for SAC on Hopper) costs one long round. The other
+   (``MEASURE``). With more than one pod, once every algorithm is measured, **one
+   algorithm's best lineage keeps a pod of its own**, the *keeper*, and the other pods
+   explore. By default (``keeper = "agreed"``, ``AGREED``) the first keeper is the
+   leader at equal training when it leads on evidence (it beats another; else the best
+   checkpoint's algorithm), and the pod goes to another algorithm only once both rules
+   agree on it: it holds the best checkpoint *and* beats the keeper at equal training.
+   With ``"best"``, the algorithm that holds the best checkpoint keeps it; with
+   ``"leader"``, the algorithm leading on evidence (with none the round robin); with
+   ``"near"``, that leader's while its best checkpoint is within ``RETURN_DROP`` of the
+   best one, else the best checkpoint's. Measured on HalfCheetah, 3 seeds interleaved:
+   by the leader at equal training the pod went at 192 s to TD3 (4470 after 84 s of
+   training, against SAC's 4073 then) while SAC's best lineage, at 6527, waited 61 s for
+   a pod; kept by the best checkpoint, SAC's best lineage trained without a gap to the
+   end and the tournament scored 7712 against 6737 (1.05x and 0.92x the lone SAC pod).
+   The equal-training comparison still shares the other pods and the one pod. When a
+   round comes back and none in flight is on the leader's pod, the leader's idle best
+   head is continued there (``KEEPER``), so the lineage most likely to win trains
+   without a gap, as a lone pod would. A new leader whose head is busy on another pod
+   takes the next pod that frees up; meanwhile the last leader's lineage goes on in the
+   freed pod for one ordinary round (``STAND_IN``; measured: the pod went to the round
+   robin, and the last leader's best lineage, at 3720, had no round in the last 60 s; as
+   a long round, ``stand_in = "long"``, it held the pod 60 s more). A new keeper whose
+   best head is idle while the last keeper's long round runs waits for the kept pod
+   (``handover = "same-pod"``, the default), or takes the next pod that frees up
+   (``"next-pod"``; the last keeper's round runs out and its pod explores). Waiting, on
+   HalfCheetah SAC's lineage, holding the best checkpoint at 3781 from 104 s, sat idle
+   67 s while TD3's 60 s round ran on the kept pod and the other pod ran PPO's floor and
+   a TD3 branch (that run ended at 5088; in two of three later runs it sat 68-70 s); yet
+   over 3 seeds interleaved "next-pod" scored 7310 ± 1017 against 7534 ± 873: TD3, which
+   kept the pod, also learns far, so the wait cost nothing measurable, and the default
+   stays. The leader's pod trains in rounds ``KEEPER_ROUNDS`` long (the pod waits for
+   the updater's measurement of a round's checkpoint before it can continue it: once per
+   long round). When that lineage has collapsed, fallen below the algorithm's best
+   checkpoint significantly (Welch, as below) and by more than ``RETURN_DROP`` of that
+   score, and is not improving, the keeper continues that checkpoint instead
+   (``RETURN``): a collapse (common for SAC on Hopper) costs one long round. The other
    pods' rounds go round robin by the mix weights (``exploring``), the leader's other
    lineages included, so every challenger keeps gaining training and can take the kept
    pod (by the best checkpoint, or at equal training with ``"leader"``); an algorithm

@@ -697,12 +697,13 @@ def test_with_measure_ready_an_algorithm_trains_ready_s_before_it_is_judged(
     _curve(store, "ppo", [0.7, -151.0, 1012.0], wall=25.0)
     _curve(store, "sac", [-116.0, -246.0], wall=23.0)
     _curve(store, "td3", [233.0, 520.0], wall=23.0)
-    for measure in ("two-rounds", "ready"):
-        planner = _planner(store, MIX, members=2, measure=measure)
-        planner.issued("x", Plan("ppo", None, False, "test"))  # the other pod is busy
-        plan = planner.next()
-        if measure == "two-rounds":  # judged on two rounds: TD3 leads and keeps a pod
-            assert plan.keeper and plan.algorithm == "td3", plan
+    judged = _planner(store, MIX, members=2, measure="two-rounds")
+    judged.issued("x", Plan("ppo", None, False, "test"))  # the other pod is busy
+    plan = judged.next()  # judged on two rounds: TD3 leads and keeps a pod
+    assert plan.keeper and plan.algorithm == "td3", plan
+    planner = _planner(store, MIX, members=2, measure="ready")
+    planner.issued("x", Plan("ppo", None, False, "test"))
+    plan = planner.next()
     # with "ready": SAC's lineage goes on first (mix order ppo, sac, td3; ppo is ready)
     assert not plan.keeper and plan.algorithm == "sac" and plan.reason == MEASURE \
         and plan.parent is not None and plan.parent.id == "sac1"
