@@ -19,6 +19,11 @@ machine). Rows:
   (``population.handover``); ``tournament-standinlong``, ``tournament-standinround``:
   with the last keeper's lineage standing in for a new keeper whose head is busy for a
   keeper's long round, or for one ordinary round (``population.stand_in``);
+  ``tournament-measureready``, ``tournament-measuretworounds``: with an algorithm
+  measured until it has trained ``ready_s``, or for two rounds (``population.measure``);
+  ``tournament-explorechallengers``, ``tournament-exploremix``: with the keeper's
+  algorithm at its floor on the other pods while a challenger is not behind, or at its
+  mix weight (``population.exploring``);
   ``tournament-envthreads1``, ``tournament-envthreadsall``:
   with each pod's MuJoCo copies stepped on one thread, or on every CPU (the default
   shares the CPUs among the pods; MuJoCo tasks only; ``tournament_runs.TOURNAMENTS``). Each

@@ -88,6 +88,8 @@ TOURNAMENTS: dict[str, Mapping[str, Any]] = {
     "tournament-standinround": {"population.stand_in": "one-round"},
     "tournament-measureready": {"population.measure": "ready"},
     "tournament-measuretworounds": {"population.measure": "two-rounds"},
+    "tournament-explorechallengers": {"population.exploring": "challengers"},
+    "tournament-exploremix": {"population.exploring": "mix"},
     "tournament-envthreads1": {"env_kwargs": {"num_threads": 1}},
     "tournament-envthreadsall": {"env_kwargs": {"num_threads": len(os.sched_getaffinity(0))}},
 }
@@ -102,7 +104,9 @@ with the leader's kept lineage learning from its own data only (``pool_keeper``)
 with a new keeper taking the next free pod (``population.handover``), and with the last
 keeper's lineage standing in for a busy new keeper for a long round or for one round
 (``population.stand_in``), and with every algorithm's first lineage going first until it
-has trained ``ready_s`` or for two rounds (``population.measure``), and with each pod's
+has trained ``ready_s`` or for two rounds (``population.measure``), and with the
+keeper's algorithm at its floor on the other pods or at its mix weight
+(``population.exploring``), and with each pod's
 MuJoCo copies stepped on one thread or on every CPU (``env_kwargs.num_threads``, MuJoCo
 tasks only; by default on the node's CPUs shared among its pods,
 ``podracer.train.fit_to_machine``); the rows keep their meaning whatever the default)."""

@@ -115,17 +115,22 @@ def leader(curves: Mapping[str, Curve], episodes: int = 1,
 
 
 def exploring(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
-              min_share: float, episodes: int = 1, ready: float = 0.0) -> dict[str, float]:
+              min_share: float, episodes: int = 1, ready: float = 0.0,
+              kept: str | None = None) -> dict[str, float]:
     """The weights of the exploring pods' round robin (``leaderboard.population``, step
     1): the mix, but an algorithm that has trained ``ready`` and is behind every other
     at equal training (it loses each of its ``pairs``) keeps only its floor,
-    ``min_share`` times its weight."""
+    ``min_share`` times its weight, and so does ``kept``, the algorithm whose best
+    lineage has a pod of its own, while another algorithm is not behind (a challenger;
+    with none, the kept algorithm's other lineages are the exploring pods' best use)."""
     measured = {a: c for a in mix if (c := curves.get(a)) is not None}
     tally = pairs(measured, episodes)
     others = len(measured) - 1
     behind = {a for a, c in measured.items()
               if others > 0 and tally[a][1] == others and c.trained >= ready}
-    return {a: w * (min_share if a in behind else 1.0) for a, w in mix.items()}
+    if not any(a not in behind and a != kept for a in mix):
+        kept = None
+    return {a: w * (min_share if a in behind or a == kept else 1.0) for a, w in mix.items()}
 
 
 def shares(mix: Mapping[str, float], curves: Mapping[str, Curve | None],

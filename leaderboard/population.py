@@ -133,6 +133,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from broker.core.errors import ConfigError
 from broker.core.experiment_specs import (
+    EXPLORINGS,
     HANDOVERS,
     KEEPERS,
     MEASURES,
@@ -241,6 +242,10 @@ class PopulationConfig:
     """An algorithm's first lineage goes first until it has trained ``ready_s``
     (``ready``) or for two rounds (``two-rounds``), and the first keeper waits for every
     algorithm to have as much (``MEASURE``). Measured: ``MEASURE``."""
+    exploring: str = EXPLORINGS[0]
+    """Who the pods other than the kept one train: the mix with the keeper's algorithm at
+    its floor too (``challengers``: ``CHALLENGERS``), or the mix (``mix``); an algorithm
+    behind every other at equal training is at its floor in both."""
     explore_p: float = 0.0
     """Probability that a round starts a fresh lineage with sampled hyperparameters."""
     window: int = 4
@@ -261,7 +266,7 @@ class PopulationConfig:
             raise ConfigError("population.ready_s", f"must be >= 0, got {self.ready_s}")
         if not 0.0 <= self.min_share <= 1.0:
             raise ConfigError("population.min_share", f"must be in [0, 1], got {self.min_share}")
-        check_rules(self.keeper, self.handover, self.stand_in, self.measure)
+        check_rules(self.keeper, self.handover, self.stand_in, self.measure, self.exploring)
         if not 0.0 <= self.explore_p <= 1.0:
             raise ConfigError("explore_p", f"must be in [0, 1], got {self.explore_p}")
         if self.window < 2:
@@ -454,8 +459,9 @@ class Planner:
         measuring = self._measuring_round(curves)
         if measuring is not None:
             return measuring
-        weights = exploring(self.mix, curves, cfg.min_share, cfg.episodes, cfg.ready_s) \
-            if shared_pods else share
+        kept = self.incumbent if cfg.exploring == "challengers" else None
+        weights = exploring(self.mix, curves, cfg.min_share, cfg.episodes, cfg.ready_s,
+                            kept) if shared_pods else share
         # an algorithm not measured yet runs one round at a time (HalfCheetah, measured: a
         # second, fresh TD3 lineage started while the first was being measured, trained
         # 86 s at -550 to -780, and the leader's lineage waited 25 s for a pod)

@@ -18,6 +18,7 @@ from typing import Any
 
 from broker.core.errors import ConfigError
 from broker.core.experiment_specs import (
+    EXPLORINGS,
     HANDOVERS,
     KEEPERS,
     MEASURES,
@@ -257,8 +258,9 @@ def _population(table: Table) -> PopulationSpec:
         keeper=table.string("keeper", KEEPERS[0]),
         handover=table.string("handover", HANDOVERS[0]),
         stand_in=table.string("stand_in", STAND_INS[0]),
-        measure=table.string("measure", MEASURES[0]))
-    check_rules(spec.keeper, spec.handover, spec.stand_in, spec.measure)
+        measure=table.string("measure", MEASURES[0]),
+        exploring=table.string("exploring", EXPLORINGS[0]))
+    check_rules(spec.keeper, spec.handover, spec.stand_in, spec.measure, spec.exploring)
     table.finish()
     return spec
 

@@ -62,15 +62,19 @@ STAND_INS = ("one-round", "long")
 """The values of ``PopulationSpec.stand_in``, the default first."""
 MEASURES = ("ready", "two-rounds")
 """The values of ``PopulationSpec.measure``, the default first."""
+EXPLORINGS = ("challengers", "mix")
+"""The values of ``PopulationSpec.exploring``, the default first."""
 
 
-def check_rules(keeper: str, handover: str, stand_in: str, measure: str) -> None:
+def check_rules(keeper: str, handover: str, stand_in: str, measure: str,
+                exploring: str) -> None:
     """Refuse a ``population.keeper`` not in ``KEEPERS``, a ``handover`` not in
     ``HANDOVERS``, a ``stand_in`` not in ``STAND_INS``, a ``measure`` not in
-    ``MEASURES``."""
+    ``MEASURES``, an ``exploring`` not in ``EXPLORINGS``."""
     for name, value, values in (("keeper", keeper, KEEPERS), ("handover", handover, HANDOVERS),
                                 ("stand_in", stand_in, STAND_INS),
-                                ("measure", measure, MEASURES)):
+                                ("measure", measure, MEASURES),
+                                ("exploring", exploring, EXPLORINGS)):
         if value not in values:
             raise ConfigError(f"population.{name}", f"unknown {name} {value!r}",
                               f"use one of {', '.join(values)}")
@@ -111,6 +115,11 @@ class PopulationSpec:
     lineage's rounds come before other rounds until it has trained ``ready_s``, and the
     first keeper is chosen once every algorithm has; ``two-rounds``, the same for its
     first two rounds (``leaderboard.population``)."""
+    exploring: str = EXPLORINGS[0]
+    """Who the pods other than the kept one train: ``challengers``, the mix, but the
+    keeper's algorithm (it has a pod of its own) and an algorithm behind every other at
+    equal training at their floor; ``mix``, the mix with only the one behind at its floor
+    (``leaderboard.population``)."""
 
 
 MIN_ROUND_S = 10.0

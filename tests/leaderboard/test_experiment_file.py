@@ -78,6 +78,8 @@ def test_defaults_of_a_minimal_file() -> None:
      r"population\.stand_in: unknown stand_in 'never' \(use one of one-round, long\)"),
     (with_(population={"measure": "start"}),
      r"population\.measure: unknown measure 'start' \(use one of ready, two-rounds\)"),
+    (with_(population={"exploring": "all"}),
+     r"population\.exploring: unknown exploring 'all' \(use one of challengers, mix\)"),
     (with_(target_score=float("nan")), r"target_score: expected a finite number"),
     (with_(name="bad name!"), r"name: 'bad name!' is not a valid experiment name"),
     # ``$`` matched before a trailing newline: the name namespaces broker names

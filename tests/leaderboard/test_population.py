@@ -426,6 +426,33 @@ def test_an_algorithm_behind_every_other_keeps_only_its_floor_on_the_exploring_p
     assert planner.next().algorithm == "sac"
 
 
+def test_the_keepers_algorithm_keeps_its_floor_on_the_exploring_pods_while_challenged(
+        store: LeaderboardStore) -> None:
+    # HalfCheetah (seed 0, SAC alone at 2,056 env steps/s): TD3 kept a pod from 148 s and
+    # its second lineage took every other round of the other pod, where SAC, the
+    # challenger, trained 188 s of 300
+    curves = {"ppo": _risen(0.0), "sac": _risen(4.0), "td3": _risen(3.0)}
+    assert exploring(MIX, curves, 0.15, kept="sac") == pytest.approx(
+        {"ppo": 0.15, "sac": 0.15, "td3": 1.0})
+    # no challenger (the other one is behind every other): the kept algorithm's other
+    # lineages are the exploring pods' best use
+    assert exploring({"ppo": 1.0, "sac": 1.0}, {"ppo": _risen(0.0), "sac": _risen(4.0)},
+                     0.15, kept="sac") == pytest.approx({"ppo": 0.15, "sac": 1.0})
+    _curve(store, "ppo", [-10.0, 0.0])
+    _curve(store, "sac", [390.0, 400.0])
+    _curve(store, "td3", [290.0, 300.0])
+    planners = {rule: _planner(store, exploring=rule) for rule in ("challengers", "mix")}
+    for rule, planner in planners.items():
+        planner.issued(f"p-{rule}", Plan("ppo", None, False, "test"))  # one pod busy
+        keeper = planner.next()
+        assert keeper.keeper and keeper.algorithm == "sac", rule
+        planner.issued(f"k-{rule}", keeper)
+        planner.rounds.update(sac=0.5, td3=1.0, ppo=2.0)
+    # by the mix sac (fewest recent rounds) would branch its kept lineage on the other pod
+    assert planners["mix"].next().algorithm == "sac"
+    assert planners["challengers"].next().algorithm == "td3"
+
+
 def test_the_leaders_pod_returns_a_fallen_lineage_to_its_best_checkpoint(
         store: LeaderboardStore) -> None:
     # Hopper, measured: SAC's best lineage reached 2119, then went 1567, 1143, 1167, 529;
