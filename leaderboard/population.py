@@ -218,9 +218,16 @@ CHALLENGERS = "challengers"
 """The default rule of the exploring pods (``PopulationConfig.exploring``): the keeper's
 algorithm, which has a pod of its own, keeps only its floor there while another
 algorithm is not behind every other, so the challenger trains on. Seen on HalfCheetah
-(seed 0, on a machine where SAC alone made 2,056 env steps/s): TD3 kept a pod from
+(seed 0, on a machine where SAC alone made 2,041 env steps/s): TD3 kept a pod from
 148 s, its second lineage took every other round of the other pod by the mix, and SAC,
-the challenger, trained 188 s of 300 and ended at 5909 against TD3's 6595."""
+the challenger, trained 188 s of 300 and ended at 5909 against TD3's 6595. Over 3 seeds
+(``benchmarks.tournament --tasks halfcheetah``, the "mix" runs as ``tournament`` before
+this rule, then ``tournament-explorechallengers``, one after the other on that
+machine): "challengers" 7102 ± 181 (7070, 7296, 6939), "mix" 6559 ± 1140 (6664, 7642,
+5369), SAC alone 7404 ± 1039 (6257, 7670, 8284). In seed 2 by the mix, TD3, warm-started
+from the pool, kept the pod from 150 s and SAC, with every other round of the other pod,
+took it back at 276 s (5369); by "challengers" the challenger trained on without a gap,
+and the run ended on the better of two lineages trained most of the run."""
 MAX_HISTORY = 10_000
 """Longest ancestry walked (a guard against a corrupt store whose parents loop)."""
 
