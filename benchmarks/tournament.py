@@ -22,7 +22,7 @@ machine). Rows:
   ``tournament-measureready``, ``tournament-measuretworounds``: with an algorithm
   measured until it has trained ``ready_s``, or for two rounds (``population.measure``);
   ``tournament-explorechallengers``, ``tournament-exploremix``: with the keeper's
-  algorithm at its floor on the other pods while a challenger is not behind, or at its
+  algorithm at its floor on the other pods while it has a challenger, or at its
   mix weight (``population.exploring``);
   ``tournament-envthreads1``, ``tournament-envthreadsall``:
   with each pod's MuJoCo copies stepped on one thread, or on every CPU (the default

@@ -114,21 +114,32 @@ def leader(curves: Mapping[str, Curve], episodes: int = 1,
     return max(names, key=lambda n: (tally[n][0], curves[n].best, -names.index(n)))
 
 
+def near(curves: Mapping[str, Curve], a: str, b: str, drop: float) -> bool:
+    """Whether ``a`` is within ``drop`` of ``b`` at equal training: where the less trained
+    one stands, ``a``'s best so far is at least ``b``'s less ``drop`` times its
+    magnitude."""
+    point = min(curves[a].trained, curves[b].trained)
+    score_b = curves[b].at(point)
+    return curves[a].at(point) >= score_b - drop * abs(score_b)
+
+
 def exploring(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
               min_share: float, episodes: int = 1, ready: float = 0.0,
-              kept: str | None = None) -> dict[str, float]:
+              kept: str | None = None, drop: float = 0.0) -> dict[str, float]:
     """The weights of the exploring pods' round robin (``leaderboard.population``, step
     1): the mix, but an algorithm that has trained ``ready`` and is behind every other
     at equal training (it loses each of its ``pairs``) keeps only its floor,
     ``min_share`` times its weight, and so does ``kept``, the algorithm whose best
-    lineage has a pod of its own, while another algorithm is not behind (a challenger;
-    with none, the kept algorithm's other lineages are the exploring pods' best use)."""
+    lineage has a pod of its own, while it has a challenger: another algorithm not
+    behind every other and ``near`` it (within ``drop``) at equal training. With none,
+    the kept algorithm's other lineages are the exploring pods' best use."""
     measured = {a: c for a in mix if (c := curves.get(a)) is not None}
     tally = pairs(measured, episodes)
     others = len(measured) - 1
     behind = {a for a, c in measured.items()
               if others > 0 and tally[a][1] == others and c.trained >= ready}
-    if not any(a not in behind and a != kept for a in mix):
+    if kept not in measured or not any(
+            a != kept and a not in behind and near(measured, a, kept, drop) for a in measured):
         kept = None
     return {a: w * (min_share if a in behind or a == kept else 1.0) for a, w in mix.items()}
 

@@ -98,9 +98,10 @@ weights, so the score curve runs on through it), on an axis of training seconds
    s of training, waited), and the floors on the other pod (SAC's floor was spent on its
    measuring rounds; it waited 150 s, then led at equal training from its next round
    on). By default (``exploring = "challengers"``, ``CHALLENGERS``) the keeper's
-   algorithm keeps only its floor there too while another algorithm is not behind every
-   other: the challengers train on, the keeper's lineage having its pod; with ``"mix"``
-   it takes its mix weight. On one pod the shares decide every round.
+   algorithm keeps only its floor there too while it has a challenger, another algorithm
+   not behind every other and within ``RETURN_DROP`` of it at equal training: the
+   challenger trains on, the keeper's lineage having its pod; with ``"mix"`` it takes
+   its mix weight. On one pod the shares decide every round.
 2. **Lineage, within the algorithm**:
 
    * no checkpoint yet, or with probability ``explore_p``: a *fresh* lineage (tuned
@@ -216,10 +217,11 @@ spread and the bounded loss: a keeper ahead at equal training is still learning,
 PPO's flat curve held the pod to the end."""
 CHALLENGERS = "challengers"
 """The default rule of the exploring pods (``PopulationConfig.exploring``): the keeper's
-algorithm, which has a pod of its own, keeps only its floor there while another
-algorithm is not behind every other, so the challenger trains on. Seen on HalfCheetah
-(seed 0, on a machine where SAC alone made 2,041 env steps/s): TD3 kept a pod from
-148 s, its second lineage took every other round of the other pod by the mix, and SAC,
+algorithm, which has a pod of its own, keeps only its floor there while it has a
+challenger (another algorithm not behind every other and within ``RETURN_DROP`` of it
+at equal training: ``leaderboard.curves.exploring``), so the challenger trains on. Seen
+on HalfCheetah (seed 0, on a machine where SAC alone made 2,041 env steps/s): TD3 kept
+a pod from 148 s, its second lineage took every other round of the other pod by the mix, and SAC,
 the challenger, trained 188 s of 300 and ended at 5909 against TD3's 6595. Over 3 seeds
 (``benchmarks.tournament --tasks halfcheetah``, the "mix" runs as ``tournament`` before
 this rule, then ``tournament-explorechallengers``, one after the other on that
@@ -478,7 +480,7 @@ class Planner:
             return measuring
         kept = self.incumbent if cfg.exploring == CHALLENGERS else None
         weights = exploring(self.mix, curves, cfg.min_share, cfg.episodes, cfg.ready_s,
-                            kept) if shared_pods else share
+                            kept, RETURN_DROP) if shared_pods else share
         # an algorithm not measured yet runs one round at a time (HalfCheetah, measured: a
         # second, fresh TD3 lineage started while the first was being measured, trained
         # 86 s at -550 to -780, and the leader's lineage waited 25 s for a pod)

@@ -117,9 +117,9 @@ class PopulationSpec:
     first two rounds (``leaderboard.population``)."""
     exploring: str = EXPLORINGS[0]
     """Who the pods other than the kept one train: ``challengers``, the mix, but the
-    keeper's algorithm (it has a pod of its own) and an algorithm behind every other at
-    equal training at their floor; ``mix``, the mix with only the one behind at its floor
-    (``leaderboard.population``)."""
+    keeper's algorithm (it has a pod of its own) while another algorithm is within a
+    quarter of it at equal training, and an algorithm behind every other, at their floor;
+    ``mix``, the mix with only the one behind at its floor (``leaderboard.population``)."""
 
 
 MIN_ROUND_S = 10.0
