@@ -221,15 +221,16 @@ algorithm, which has a pod of its own, keeps only its floor there while it has a
 challenger (another algorithm not behind every other and within ``RETURN_DROP`` of it
 at equal training: ``leaderboard.curves.exploring``), so the challenger trains on. Seen
 on HalfCheetah (seed 0, on a machine where SAC alone made 2,041 env steps/s): TD3 kept
-a pod from 148 s, its second lineage took every other round of the other pod by the mix, and SAC,
-the challenger, trained 188 s of 300 and ended at 5909 against TD3's 6595. Over 3 seeds
-(``benchmarks.tournament --tasks halfcheetah``, the "mix" runs as ``tournament`` before
-this rule, then ``tournament-explorechallengers``, one after the other on that
-machine): "challengers" 7102 ± 181 (7070, 7296, 6939), "mix" 6559 ± 1140 (6664, 7642,
-5369), SAC alone 7404 ± 1039 (6257, 7670, 8284). In seed 2 by the mix, TD3, warm-started
-from the pool, kept the pod from 150 s and SAC, with every other round of the other pod,
-took it back at 276 s (5369); by "challengers" the challenger trained on without a gap,
-and the run ended on the better of two lineages trained most of the run."""
+a pod from 148 s, its second lineage took every other round of the other pod by the
+mix, and SAC, the challenger, trained 188 s of 300 and ended at 5909 against TD3's 6595.
+Over 3 seeds (``benchmarks.tournament --tasks halfcheetah``, the "mix" runs as
+``tournament`` before this rule, then ``tournament-explorechallengers``, one after the
+other on that machine): "challengers" 7102 ± 181 (7070, 7296, 6939), "mix" 6559 ± 1140
+(6664, 7642, 5369), SAC alone 7404 ± 1039 (6257, 7670, 8284). In seed 2 by the mix,
+TD3, warm-started from the pool, kept the pod from 150 s and SAC, with every other round
+of the other pod, took it back at 276 s (5369); by "challengers" the challenger trained
+on without a gap, and the run ended on the better of two lineages trained most of the
+run."""
 MAX_HISTORY = 10_000
 """Longest ancestry walked (a guard against a corrupt store whose parents loop)."""
 
@@ -263,8 +264,9 @@ class PopulationConfig:
     algorithm to have as much (``MEASURE``). Measured: ``MEASURE``."""
     exploring: str = EXPLORINGS[0]
     """Who the pods other than the kept one train: the mix with the keeper's algorithm at
-    its floor too (``challengers``: ``CHALLENGERS``), or the mix (``mix``); an algorithm
-    behind every other at equal training is at its floor in both."""
+    its floor too while it has a challenger (``challengers``: ``CHALLENGERS``), or the mix
+    (``mix``); an algorithm behind every other at equal training is at its floor in
+    both."""
     explore_p: float = 0.0
     """Probability that a round starts a fresh lineage with sampled hyperparameters."""
     window: int = 4
