@@ -87,15 +87,16 @@ def round_seconds(experiment: Experiment) -> float:
 def population_config(experiment: Experiment, pods: int) -> PopulationConfig:
     """The experiment's population settings, with derived values filled in."""
     spec = experiment.population
-    rules = {"members": spec.members or max(1, pods), "min_share": spec.min_share,
-             "keeper": spec.keeper, "handover": spec.handover, "stand_in": spec.stand_in,
-             "measure": spec.measure, "exploring": spec.exploring,
-             "explore_p": experiment.explore_p, "episodes": experiment.eval_episodes}
+    rules = PopulationConfig(
+        members=spec.members or max(1, pods), min_share=spec.min_share, keeper=spec.keeper,
+        handover=spec.handover, stand_in=spec.stand_in, measure=spec.measure,
+        exploring=spec.exploring, explore_p=experiment.explore_p,
+        episodes=experiment.eval_episodes)
     if experiment.reproducible:  # every decision counts env steps (see ``Experiment``)
         steps = experiment.round_budget.steps or 0
-        return PopulationConfig(ready_s=float(READY_ROUNDS * steps), by_steps=True, **rules)
-    return PopulationConfig(ready_s=spec.ready_s or READY_ROUNDS * round_seconds(experiment),
-                            **rules)
+        return dataclasses.replace(rules, ready_s=float(READY_ROUNDS * steps), by_steps=True)
+    return dataclasses.replace(
+        rules, ready_s=spec.ready_s or READY_ROUNDS * round_seconds(experiment))
 
 
 class InitializationMaker:

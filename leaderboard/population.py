@@ -480,9 +480,9 @@ class Planner:
         measuring = self._measuring_round(curves)
         if measuring is not None:
             return measuring
-        kept = self.incumbent if cfg.exploring == CHALLENGERS else None
+        held = self.incumbent if cfg.exploring == CHALLENGERS else None
         weights = exploring(self.mix, curves, cfg.min_share, cfg.episodes, cfg.ready_s,
-                            kept, RETURN_DROP) if shared_pods else share
+                            held, RETURN_DROP) if shared_pods else share
         # an algorithm not measured yet runs one round at a time (HalfCheetah, measured: a
         # second, fresh TD3 lineage started while the first was being measured, trained
         # 86 s at -550 to -780, and the leader's lineage waited 25 s for a pod)
