@@ -428,7 +428,7 @@ def test_an_algorithm_behind_every_other_keeps_only_its_floor_on_the_exploring_p
 
 def test_the_keepers_algorithm_keeps_its_floor_on_the_exploring_pods_while_challenged(
         store: LeaderboardStore) -> None:
-    # HalfCheetah (seed 0, SAC alone at 2,056 env steps/s): TD3 kept a pod from 148 s and
+    # HalfCheetah (seed 0, SAC alone at 2,041 env steps/s): TD3 kept a pod from 148 s and
     # its second lineage took every other round of the other pod, where SAC, the
     # challenger, trained 188 s of 300
     curves = {"ppo": _risen(0.0), "sac": _risen(400.0), "td3": _risen(350.0)}
