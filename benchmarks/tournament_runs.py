@@ -90,6 +90,7 @@ TOURNAMENTS: dict[str, Mapping[str, Any]] = {
     "tournament-measuretworounds": {"population.measure": "two-rounds"},
     "tournament-explorechallengers": {"population.exploring": "challengers"},
     "tournament-exploremix": {"population.exploring": "mix"},
+    "tournament-explorenear": {"population.exploring": "near"},
     "tournament-envthreads1": {"env_kwargs": {"num_threads": 1}},
     "tournament-envthreadsall": {"env_kwargs": {"num_threads": len(os.sched_getaffinity(0))}},
 }

@@ -125,23 +125,30 @@ def near(curves: Mapping[str, Curve], a: str, b: str, drop: float) -> bool:
 
 def exploring(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
               min_share: float, episodes: int = 1, ready: float = 0.0,
-              kept: str | None = None, drop: float = 0.0) -> dict[str, float]:
+              kept: str | None = None, drop: float = 0.0, only_near: bool = False
+              ) -> dict[str, float]:
     """The weights of the exploring pods' round robin (``leaderboard.population``, step
     1): the mix, but an algorithm that has trained ``ready`` and is behind every other
     at equal training (it loses each of its ``pairs``) keeps only its floor,
     ``min_share`` times its weight, and so does ``kept``, the algorithm whose best
     lineage has a pod of its own, while it has a challenger: another algorithm not
     behind every other and ``near`` it (within ``drop``) at equal training. With none,
-    the kept algorithm's other lineages are the exploring pods' best use."""
+    the kept algorithm's other lineages are the exploring pods' best use. ``only_near``:
+    every other algorithm that is not such a challenger keeps its floor too, so with no
+    challenger the kept algorithm's other lineages take the rest."""
     measured = {a: c for a in mix if (c := curves.get(a)) is not None}
     tally = pairs(measured, episodes)
     others = len(measured) - 1
-    behind = {a for a, c in measured.items()
-              if others > 0 and tally[a][1] == others and c.trained >= ready}
-    if kept not in measured or not any(
-            a != kept and a not in behind and near(measured, a, kept, drop) for a in measured):
-        kept = None
-    return {a: w * (min_share if a in behind or a == kept else 1.0) for a, w in mix.items()}
+    floor = {a for a, c in measured.items()
+             if others > 0 and tally[a][1] == others and c.trained >= ready}
+    if kept in measured:
+        challengers = {a for a in measured if a != kept and a not in floor
+                       and near(measured, a, kept, drop)}
+        if challengers:
+            floor.add(kept)
+        if only_near:
+            floor |= set(measured) - challengers - {kept}
+    return {a: w * (min_share if a in floor else 1.0) for a, w in mix.items()}
 
 
 def shares(mix: Mapping[str, float], curves: Mapping[str, Curve | None],

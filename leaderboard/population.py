@@ -231,6 +231,17 @@ TD3, warm-started from the pool, kept the pod from 150 s and SAC, with every oth
 of the other pod, took it back at 276 s (5369); by "challengers" the challenger trained
 on without a gap, and the run ended on the better of two lineages trained most of the
 run."""
+MIX = "mix"
+"""The exploring pods' rule before ``CHALLENGERS``: the mix, with only an algorithm behind
+every other at its floor."""
+NEAR = "near"
+"""The exploring pods train the keeper's challengers only (``leaderboard.curves.
+exploring``, ``only_near``): every other algorithm keeps its floor there, and with no
+challenger the keeper's algorithm takes the rest, its other lineages (branches of its
+best) training most of those pods. Seen on Hopper (seed 2, the run of ``CHALLENGERS``'s
+refinement): SAC kept the pod at 1146, nobody was within a quarter of it, and the
+other pod went by the mix to PPO (flat at 180-340), TD3 (at 38) and SAC's second
+lineage in turn; SAC's best lineage ended at 1682 where the lone pod reached 3147."""
 MAX_HISTORY = 10_000
 """Longest ancestry walked (a guard against a corrupt store whose parents loop)."""
 
@@ -480,9 +491,9 @@ class Planner:
         measuring = self._measuring_round(curves)
         if measuring is not None:
             return measuring
-        held = self.incumbent if cfg.exploring == CHALLENGERS else None
+        held = self.incumbent if cfg.exploring != MIX else None
         weights = exploring(self.mix, curves, cfg.min_share, cfg.episodes, cfg.ready_s,
-                            held, RETURN_DROP) if shared_pods else share
+                            held, RETURN_DROP, cfg.exploring == NEAR) if shared_pods else share
         # an algorithm not measured yet runs one round at a time (HalfCheetah, measured: a
         # second, fresh TD3 lineage started while the first was being measured, trained
         # 86 s at -550 to -780, and the leader's lineage waited 25 s for a pod)

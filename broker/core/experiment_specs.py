@@ -62,7 +62,7 @@ STAND_INS = ("one-round", "long")
 """The values of ``PopulationSpec.stand_in``, the default first."""
 MEASURES = ("ready", "two-rounds")
 """The values of ``PopulationSpec.measure``, the default first."""
-EXPLORINGS = ("challengers", "mix")
+EXPLORINGS = ("challengers", "mix", "near")
 """The values of ``PopulationSpec.exploring``, the default first."""
 
 

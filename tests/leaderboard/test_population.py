@@ -456,6 +456,37 @@ def test_the_keepers_algorithm_keeps_its_floor_on_the_exploring_pods_while_chall
     assert planners["challengers"].next().algorithm == "td3"
 
 
+def test_by_near_the_exploring_pods_train_the_challengers_else_the_keepers_algorithm(
+        store: LeaderboardStore) -> None:
+    # Hopper (seed 2): SAC kept at 1146, PPO flat, TD3 at 38; by the mix the other pod
+    # went to PPO, TD3 and SAC's second lineage in turn
+    curves = {"ppo": _risen(0.0), "sac": _risen(400.0), "td3": _risen(290.0)}
+    assert exploring(MIX, curves, 0.15, kept="sac", drop=0.25, only_near=True) == \
+        pytest.approx({"ppo": 0.15, "sac": 1.0, "td3": 0.15})
+    # a challenger within a quarter: it trains, the keeper's algorithm and the rest at
+    # their floors (the same as "challengers")
+    near = {**curves, "td3": _risen(350.0)}
+    assert exploring(MIX, near, 0.15, kept="sac", drop=0.25, only_near=True) == \
+        exploring(MIX, near, 0.15, kept="sac", drop=0.25) == \
+        pytest.approx({"ppo": 0.15, "sac": 0.15, "td3": 1.0})
+    # no keeper yet: the mix, only the one behind every other at its floor
+    assert exploring(MIX, curves, 0.15, only_near=True) == pytest.approx(
+        {"ppo": 0.15, "sac": 1.0, "td3": 1.0})
+    _curve(store, "ppo", [-10.0, 0.0])
+    _curve(store, "sac", [390.0, 400.0])
+    _curve(store, "td3", [280.0, 290.0])
+    planners = {rule: _planner(store, exploring=rule) for rule in ("challengers", "near")}
+    for rule, planner in planners.items():
+        planner.issued(f"p-{rule}", Plan("ppo", None, False, "test"))  # one pod busy
+        keeper = planner.next()
+        assert keeper.keeper and keeper.algorithm == "sac", rule
+        planner.issued(f"k-{rule}", keeper)
+        planner.rounds.update(sac=1.0, td3=0.2, ppo=2.0)
+    # td3 is owed the round by the mix; by "near" it is not near sac: sac's other lineage
+    assert planners["challengers"].next().algorithm == "td3"
+    assert planners["near"].next().algorithm == "sac"
+
+
 def test_the_leaders_pod_returns_a_fallen_lineage_to_its_best_checkpoint(
         store: LeaderboardStore) -> None:
     # Hopper, measured: SAC's best lineage reached 2119, then went 1567, 1143, 1167, 529;
