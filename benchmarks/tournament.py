@@ -21,9 +21,10 @@ machine). Rows:
   keeper's long round, or for one ordinary round (``population.stand_in``);
   ``tournament-measureready``, ``tournament-measuretworounds``: with an algorithm
   measured until it has trained ``ready_s``, or for two rounds (``population.measure``);
-  ``tournament-explorechallengers``, ``tournament-exploremix``: with the keeper's
-  algorithm at its floor on the other pods while it has a challenger, or at its
-  mix weight (``population.exploring``);
+  ``tournament-explorechallengers``, ``tournament-exploremix``,
+  ``tournament-explorenear``: with the keeper's algorithm at its floor on the other pods
+  while it has a challenger, at its mix weight, or with only its challengers above
+  their floors there (``population.exploring``);
   ``tournament-envthreads1``, ``tournament-envthreadsall``:
   with each pod's MuJoCo copies stepped on one thread, or on every CPU (the default
   shares the CPUs among the pods; MuJoCo tasks only; ``tournament_runs.TOURNAMENTS``). Each

@@ -101,7 +101,9 @@ weights, so the score curve runs on through it), on an axis of training seconds
    algorithm keeps only its floor there too while it has a challenger, another algorithm
    not behind every other and within ``RETURN_DROP`` of it at equal training: the
    challenger trains on, the keeper's lineage having its pod; with ``"mix"`` it takes
-   its mix weight. On one pod the shares decide every round.
+   its mix weight; with ``"near"`` (``NEAR``) every algorithm that is not a challenger
+   keeps its floor there too, so with none the keeper's other lineages take the rest.
+   On one pod the shares decide every round.
 2. **Lineage, within the algorithm**:
 
    * no checkpoint yet, or with probability ``explore_p``: a *fresh* lineage (tuned
@@ -275,9 +277,10 @@ class PopulationConfig:
     algorithm to have as much (``MEASURE``). Measured: ``MEASURE``."""
     exploring: str = EXPLORINGS[0]
     """Who the pods other than the kept one train: the mix with the keeper's algorithm at
-    its floor too while it has a challenger (``challengers``: ``CHALLENGERS``), or the mix
-    (``mix``); an algorithm behind every other at equal training is at its floor in
-    both."""
+    its floor too while it has a challenger (``challengers``: ``CHALLENGERS``), the mix
+    (``mix``), or only the challengers, every other algorithm at its floor (``near``:
+    ``NEAR``); an algorithm behind every other at equal training is at its floor in
+    all three."""
     explore_p: float = 0.0
     """Probability that a round starts a fresh lineage with sampled hyperparameters."""
     window: int = 4

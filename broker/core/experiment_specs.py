@@ -119,7 +119,9 @@ class PopulationSpec:
     """Who the pods other than the kept one train: ``challengers``, the mix, but the
     keeper's algorithm (it has a pod of its own) while another algorithm is within a
     quarter of it at equal training, and an algorithm behind every other, at their floor;
-    ``mix``, the mix with only the one behind at its floor (``leaderboard.population``)."""
+    ``mix``, the mix with only the one behind at its floor; ``near``, only the keeper's
+    challengers at their mix weight, every other algorithm at its floor, and with no
+    challenger the keeper's algorithm at its weight (``leaderboard.population``)."""
 
 
 MIN_ROUND_S = 10.0
