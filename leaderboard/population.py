@@ -97,13 +97,15 @@ weights, so the score curve runs on through it), on an axis of training seconds
    other in turn and held both pods for 130 s while TD3, which then reached 6275 in 105
    s of training, waited), and the floors on the other pod (SAC's floor was spent on its
    measuring rounds; it waited 150 s, then led at equal training from its next round
-   on). By default (``exploring = "challengers"``, ``CHALLENGERS``) the keeper's
-   algorithm keeps only its floor there too while it has a challenger, another algorithm
-   not behind every other and within ``RETURN_DROP`` of it at equal training: the
-   challenger trains on, the keeper's lineage having its pod; with ``"mix"`` it takes
-   its mix weight; with ``"near"`` (``NEAR``) every algorithm that is not a challenger
-   keeps its floor there too, so with none the keeper's other lineages take the rest.
-   On one pod the shares decide every round.
+   on). By default (``exploring = "near"``, ``NEAR``) only the keeper's *challengers*
+   train there beyond their floors: another algorithm not behind every other and within
+   ``RETURN_DROP`` of the keeper at equal training. The keeper's algorithm keeps its
+   floor there while it has one (the challenger trains on, the keeper's lineage having
+   its pod), and every algorithm that is no challenger keeps its floor, so with none the
+   keeper's other lineages (branches of its best) take the rest. With ``"challengers"``
+   (``CHALLENGERS``) an algorithm that is neither a challenger nor behind every other
+   keeps its mix weight; with ``"mix"`` the keeper's algorithm does too. On one pod the
+   shares decide every round.
 2. **Lineage, within the algorithm**:
 
    * no checkpoint yet, or with probability ``explore_p``: a *fresh* lineage (tuned
@@ -218,7 +220,7 @@ after 98 s), and SAC took it back only at 268 s. Kept as the default for the sma
 spread and the bounded loss: a keeper ahead at equal training is still learning, where
 PPO's flat curve held the pod to the end."""
 CHALLENGERS = "challengers"
-"""The default rule of the exploring pods (``PopulationConfig.exploring``): the keeper's
+"""The rule of the exploring pods before ``NEAR`` (``PopulationConfig.exploring``): the keeper's
 algorithm, which has a pod of its own, keeps only its floor there while it has a
 challenger (another algorithm not behind every other and within ``RETURN_DROP`` of it
 at equal training: ``leaderboard.curves.exploring``), so the challenger trains on. Seen
@@ -237,13 +239,22 @@ MIX = "mix"
 """The exploring pods' rule before ``CHALLENGERS``: the mix, with only an algorithm behind
 every other at its floor."""
 NEAR = "near"
-"""The exploring pods train the keeper's challengers only (``leaderboard.curves.
-exploring``, ``only_near``): every other algorithm keeps its floor there, and with no
-challenger the keeper's algorithm takes the rest, its other lineages (branches of its
-best) training most of those pods. Seen on Hopper (seed 2, the run of ``CHALLENGERS``'s
-refinement): SAC kept the pod at 1146, nobody was within a quarter of it, and the
-other pod went by the mix to PPO (flat at 180-340), TD3 (at 38) and SAC's second
-lineage in turn; SAC's best lineage ended at 1682 where the lone pod reached 3147."""
+"""The default rule of the exploring pods (``PopulationConfig.exploring``): only the
+keeper's challengers train there beyond their floors (``leaderboard.curves.exploring``,
+``only_near``), and with no challenger the keeper's algorithm takes the rest, its other
+lineages (branches of its best) training most of those pods. Seen on Hopper (seed 2, on
+a machine where SAC alone made 1,362 env steps/s): by "challengers" PPO, flat at 174-181
+but ahead of TD3 (at 38) and so not behind every other, took five rounds of the other
+pod from 137 s to the end; by "near" SAC's branch trained there instead. Over 3 seeds
+interleaved with the rule before and the lone SAC pod (``benchmarks.tournament --tasks
+hopper --methods tournament,tournament-explorenear,sac``): "near" 2671 ± 494 (2739, 3127,
+2146), "challengers" 2134 ± 1297 (637, 2843, 2922), SAC alone 1845 ± 927 (1170, 1462,
+2902). Seed 0 decided the same by both rules (TD3 was within a quarter of SAC): its gap
+is the runs' noise. In seed 1 SAC's branch on the other pod rose to 2531 beside the
+kept lineage's 3127; in seed 2 the two SAC lineages reached 2146 and 934 (by
+"challengers" SAC's kept lineage reached 2926 beside PPO's rounds). On HalfCheetah
+both rules decide alike while the runner-up is within a quarter of the keeper and PPO
+is behind every other, as in every run measured there."""
 MAX_HISTORY = 10_000
 """Longest ancestry walked (a guard against a corrupt store whose parents loop)."""
 
@@ -277,10 +288,10 @@ class PopulationConfig:
     algorithm to have as much (``MEASURE``). Measured: ``MEASURE``."""
     exploring: str = EXPLORINGS[0]
     """Who the pods other than the kept one train: the mix with the keeper's algorithm at
-    its floor too while it has a challenger (``challengers``: ``CHALLENGERS``), the mix
-    (``mix``), or only the challengers, every other algorithm at its floor (``near``:
-    ``NEAR``); an algorithm behind every other at equal training is at its floor in
-    all three."""
+    its floor too while it has a challenger and so does every algorithm that is no
+    challenger (``near``: ``NEAR``), only the keeper's algorithm while challenged
+    (``challengers``: ``CHALLENGERS``), or the mix (``mix``); an algorithm behind every
+    other at equal training is at its floor in all three."""
     explore_p: float = 0.0
     """Probability that a round starts a fresh lineage with sampled hyperparameters."""
     window: int = 4

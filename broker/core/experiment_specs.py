@@ -62,7 +62,7 @@ STAND_INS = ("one-round", "long")
 """The values of ``PopulationSpec.stand_in``, the default first."""
 MEASURES = ("ready", "two-rounds")
 """The values of ``PopulationSpec.measure``, the default first."""
-EXPLORINGS = ("challengers", "mix", "near")
+EXPLORINGS = ("near", "challengers", "mix")
 """The values of ``PopulationSpec.exploring``, the default first."""
 
 
@@ -116,12 +116,13 @@ class PopulationSpec:
     first keeper is chosen once every algorithm has; ``two-rounds``, the same for its
     first two rounds (``leaderboard.population``)."""
     exploring: str = EXPLORINGS[0]
-    """Who the pods other than the kept one train: ``challengers``, the mix, but the
-    keeper's algorithm (it has a pod of its own) while another algorithm is within a
-    quarter of it at equal training, and an algorithm behind every other, at their floor;
-    ``mix``, the mix with only the one behind at its floor; ``near``, only the keeper's
-    challengers at their mix weight, every other algorithm at its floor, and with no
-    challenger the keeper's algorithm at its weight (``leaderboard.population``)."""
+    """Who the pods other than the kept one train: ``near``, the keeper's challengers
+    (algorithms within a quarter of it at equal training) at their mix weight and every
+    other algorithm at its floor, the keeper's own (it has a pod of its own) included
+    while it has a challenger, so with none its other lineages take the rest;
+    ``challengers``, the mix, but the keeper's algorithm while it has a challenger, and an
+    algorithm behind every other, at their floor; ``mix``, the mix with only the one
+    behind at its floor (``leaderboard.population``)."""
 
 
 MIN_ROUND_S = 10.0
