@@ -287,10 +287,10 @@ class PopulationConfig:
     (``ready``) or for two rounds (``two-rounds``), and the first keeper waits for every
     algorithm to have as much (``MEASURE``). Measured: ``MEASURE``."""
     exploring: str = EXPLORINGS[0]
-    """Who the pods other than the kept one train: the mix with the keeper's algorithm at
-    its floor too while it has a challenger and so does every algorithm that is no
-    challenger (``near``: ``NEAR``), only the keeper's algorithm while challenged
-    (``challengers``: ``CHALLENGERS``), or the mix (``mix``); an algorithm behind every
+    """Who the pods other than the kept one train: only the keeper's challengers above
+    their floors, the keeper's algorithm above its own while it has none (``near``:
+    ``NEAR``); the mix with the keeper's algorithm at its floor while challenged
+    (``challengers``: ``CHALLENGERS``); or the mix (``mix``). An algorithm behind every
     other at equal training is at its floor in all three."""
     explore_p: float = 0.0
     """Probability that a round starts a fresh lineage with sampled hyperparameters."""
