@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -428,6 +428,20 @@ def test_an_algorithm_behind_every_other_keeps_only_its_floor_on_the_exploring_p
     assert planner.next().algorithm == "sac"
 
 
+def _sac_kept(store: LeaderboardStore, rules: Sequence[str], **rounds: float
+              ) -> dict[str, Planner]:
+    """A planner per exploring rule with one pod busy on PPO and SAC's best lineage kept
+    on the other, then ``rounds`` as the recent rounds of the round robin."""
+    planners = {rule: _planner(store, exploring=rule) for rule in rules}
+    for rule, planner in planners.items():
+        planner.issued(f"p-{rule}", Plan("ppo", None, False, "test"))  # one pod busy
+        keeper = planner.next()
+        assert keeper.keeper and keeper.algorithm == "sac", rule
+        planner.issued(f"k-{rule}", keeper)
+        planner.rounds.update(rounds)
+    return planners
+
+
 def test_the_keepers_algorithm_keeps_its_floor_on_the_exploring_pods_while_challenged(
         store: LeaderboardStore) -> None:
     # HalfCheetah (seed 0, SAC alone at 2,041 env steps/s): TD3 kept a pod from 148 s and
@@ -446,13 +460,7 @@ def test_the_keepers_algorithm_keeps_its_floor_on_the_exploring_pods_while_chall
     _curve(store, "ppo", [-10.0, 0.0])
     _curve(store, "sac", [390.0, 400.0])
     _curve(store, "td3", [340.0, 350.0])
-    planners = {rule: _planner(store, exploring=rule) for rule in ("challengers", "mix")}
-    for rule, planner in planners.items():
-        planner.issued(f"p-{rule}", Plan("ppo", None, False, "test"))  # one pod busy
-        keeper = planner.next()
-        assert keeper.keeper and keeper.algorithm == "sac", rule
-        planner.issued(f"k-{rule}", keeper)
-        planner.rounds.update(sac=0.5, td3=1.0, ppo=2.0)
+    planners = _sac_kept(store, ("challengers", "mix"), sac=0.5, td3=1.0, ppo=2.0)
     # by the mix sac (fewest recent rounds) would branch its kept lineage on the other pod
     assert planners["mix"].next().algorithm == "sac"
     assert planners["challengers"].next().algorithm == "td3"
@@ -479,13 +487,7 @@ def test_by_near_the_exploring_pods_train_the_challengers_else_the_keepers_algor
     _curve(store, "ppo", [-10.0, 0.0])
     _curve(store, "sac", [390.0, 400.0])
     _curve(store, "td3", [280.0, 290.0])
-    planners = {rule: _planner(store, exploring=rule) for rule in ("challengers", "near")}
-    for rule, planner in planners.items():
-        planner.issued(f"p-{rule}", Plan("ppo", None, False, "test"))  # one pod busy
-        keeper = planner.next()
-        assert keeper.keeper and keeper.algorithm == "sac", rule
-        planner.issued(f"k-{rule}", keeper)
-        planner.rounds.update(sac=1.0, td3=0.2, ppo=2.0)
+    planners = _sac_kept(store, ("challengers", "near"), sac=1.0, td3=0.2, ppo=2.0)
     # td3 is owed the round by the mix; by "near" it is not near sac: sac's other lineage
     assert planners["challengers"].next().algorithm == "td3"
     assert planners["near"].next().algorithm == "sac"
