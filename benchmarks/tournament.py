@@ -33,16 +33,22 @@ machine). Rows:
   of every member, and per algorithm (0 without the pool); on a score task, also the
   training behind its best checkpoint (the env steps its lineage collected, the seconds of
   its rounds) against the best lone row's mean env steps.
-* ``ppo``, ``sac``, ``td3``: ONE agent with its tuned default hyperparameters, alone on
-  the machine, run as the CLI's lone pod runs it (``podracer train --algos sac --pods 1
-  --round-budget 290s``): one round for the whole budget, ONE torch thread, the pod's
-  evaluations (``"auto"``: within the round only to catch a target, and a snapshot
-  evaluation every 60 s, the intermediate bests; as many episodes as the default
-  experiment's pods evaluate); it stops at the target. This row used to run with two
-  torch threads and an evaluation every 20 s and scored far below the CLI's lone pod
-  (SAC/HalfCheetah 6125 against 9408 and 9078): see ``tournament_runs.LONE_TORCH_THREADS``
-  and ``tournament_runs.POD`` for what each cost. ``Task.pins`` (empty) would pin
-  hyperparameters per task.
+* ``ppo``, ``sac``, ``td3``: ONE pod of the algorithm with its tuned default
+  hyperparameters, alone on the machine: the CLI's lone pod itself, ``podracer train
+  --algos sac --pods 1 --round-budget 290s`` in embedded mode
+  (``tournament_runs.lone_pod``): one round for the whole budget, one torch thread,
+  every CPU stepping its env copies, its snapshots published every 60 s and measured by
+  the updater, the best scored as the tournament's is; it stops at the target.
+  Until session 29 this row trained the agent in-process (``tournament_runs._train_agent``:
+  the pod's round, cadence and threads, no services) and scored far below the CLI's lone
+  pod on Hopper-v5. Side by side (session 29, 300 s, alone on the machine) with as many env
+  steps: in-process 962, 1040, 1088, 2056 (seeds 0, 1, 3, 4; 278k-311k env steps), the
+  CLI's pod 2343, 1813 (seeds 0, 1; 280k, 253k). What differs: the pod publishes each
+  snapshot and the updater measures it on 16 episodes of its own, and after the 290-s
+  round the generator issues a 10-s one whose checkpoint was the best in both runs (2374
+  from 1161, 1468 from 794: Hopper's policy swings between neighbouring checkpoints),
+  where the in-process agent kept its best in-training evaluation. ``Task.pins`` (empty)
+  would pin hyperparameters per task.
 * ``ppo-random``, ``sac-random``, ``td3-random``: the same with hyperparameters drawn from
   the algorithm's search space (``leaderboard.mutation.fresh_hparams``), ``--draws``
   draws (default 3) per seed, RNG seeded ``seed * 1000 + draw``: a user with a new env
@@ -171,8 +177,10 @@ def run_one(task: Task, method: str, seed: int, draw: int | None, budget: float
         return in_subprocess(run_sb3, task, method, seed, budget)
     if method == "best-of-4":
         return in_subprocess(run_best_of_4, task, seed, budget)
+    drawn = "" if draw is None else f"-d{draw}"
+    out = OUT / task.key / f"{method}-s{seed}{drawn}"
     return in_subprocess(run_lone, task, method, method.removesuffix("-random"), seed,
-                         budget, draw)
+                         budget, out, draw)
 
 
 def run_with_retry(task: Task, method: str, seed: int, draw: int | None, budget: float,

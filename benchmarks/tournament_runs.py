@@ -61,14 +61,8 @@ CPU = torch.device("cpu")
 EVAL_EPISODES = 10
 EVAL_SEED = 12_345
 BEST_OF_4_ALGOS = ("ppo", "sac", "td3", "ppo")
-LONE_TORCH_THREADS = 1
-"""torch threads of a lone agent: the CLI's pod default (``podracer.train.fit_to_machine``).
-Two threads on this 2-core machine ran SAC/HalfCheetah at 88, 52 and 72 env steps/s
-against 1552, 897 and 1087 with one, alternating 8-s spells in one process while other
-jobs ran: the OpenMP pool spins on cores that the MuJoCo env threads and any other
-process need. Alone the second thread still adds nothing (issue 9: 2013 vs 2134)."""
 POD = RunnerConfig()
-"""The pod's evaluation cadence, used by the lone agents too: ``"auto"`` (within a round
+"""The pod's evaluation cadence, used by best-of-4's agents: ``"auto"`` (within a round
 only to catch a target) and a snapshot evaluation every ``snapshot_every_s`` (60 s), the
 intermediate bests a lone ``podracer train`` pod publishes. Evaluating every 20 s on
 HalfCheetah, as this benchmark did, cost 2-3.6 s of 16 episodes each time: 10-15% of
@@ -422,22 +416,42 @@ def _score_agents(task: Task, result: RunResult, runs: list[_AgentRun]) -> RunRe
     return result
 
 
-def run_lone(task: Task, method: str, algorithm: str, seed: int, budget: float,
-             draw: int | None = None) -> RunResult:
-    """One ``algorithm`` agent alone on the machine for ``budget`` seconds, one round,
-    as the CLI's lone pod runs it (``LONE_TORCH_THREADS``, the pod's evaluations).
+LONE_ROUND_MARGIN_S = 10.0
+"""A lone pod's round ends this much before the run's budget (never under half of it):
+``podracer train --algos sac --pods 1 --budget 300s --round-budget 290s``, the best lone
+configuration the CLI offers (Hopper-v5, seeds 0 and 1, session 28: one round 3144 and
+3032, 20-s rounds 2825 and 2459; the machine's speed drifted 1.7x that day, and the
+runner alone showed no cost of rounds, so the lead may be noise, but not the other way)."""
 
-    ``draw`` None: its default hyperparameters; else draw ``draw`` from its search space.
-    """
-    logging.basicConfig(level=logging.WARNING)
-    torch.set_num_threads(LONE_TORCH_THREADS)
+
+def lone_pod(algorithm: str, budget: float,
+             hparams: Mapping[str, Scalar] | None = None) -> dict[str, Any]:
+    """The experiment overrides that make ``podracer train`` the CLI's lone pod of
+    ``algorithm``: one pod, one round for the whole budget (``LONE_ROUND_MARGIN_S``),
+    ``hparams`` pinned (None: its tuned defaults)."""
+    return {"algos": {algorithm: 1}, "pods": 1,
+            "round_budget": {"seconds": max(budget - LONE_ROUND_MARGIN_S, budget / 2)},
+            "hparams": {algorithm: dict(hparams)} if hparams else None}
+
+
+def run_lone(task: Task, method: str, algorithm: str, seed: int, budget: float, out: Path,
+             draw: int | None = None) -> RunResult:
+    """One ``algorithm`` pod alone on the machine for ``budget`` seconds: the CLI's lone
+    pod itself (``lone_pod``: ``podracer.train.train`` in embedded mode, one pod with
+    every CPU for its env threads and one torch thread, one round, its snapshots
+    published every 60 s and measured by the updater), scored as the tournament is.
+
+    ``draw`` None: its default hyperparameters (``Task.pins`` pinned); else draw ``draw``
+    from its search space. Until session 29 this row trained the agent in-process
+    (``_train_agent``, best-of-4's way), and on Hopper-v5 it scored far below the CLI's
+    lone pod (the module doc of ``benchmarks.tournament``)."""
     hparams = (task.pinned(algorithm) if draw is None
                else random_hparams(algorithm, task, seed, draw))
-    started = time.monotonic()
-    run = _train_agent(task, algorithm, hparams, seed, budget, started, threading.Event())
-    result = RunResult(task.key, method, seed, draw, wall=time.monotonic() - started,
-                       checkpoints=1)
-    return _score_agents(task, result, [run])
+    result = run_tournament(task, seed, budget, out, overrides=lone_pod(algorithm, budget,
+                                                                        hparams),
+                            method=method)
+    result.draw = draw
+    return result
 
 
 def run_best_of_4(task: Task, seed: int, budget: float) -> RunResult:
