@@ -65,23 +65,24 @@ Tasks and scoring (see ``benchmarks.tournament_runs`` for the details):
 
 * ``pendulum`` (``torch/Pendulum-v1``): wall seconds from the start of the run to the
   first claim of -200 that held: an in-training evaluation reaching it whose state the
-  updater's measurement (32 episodes of its own) scores at -200 or better (tournament:
-  the ``created`` time of the first checkpoint in its store scoring -200, counted from
-  the call to ``train()``; a lone agent's claim is measured the same way and a refuted
-  one trains on: ``tournament_runs.measure_claim``; each run prints the claims refuted
-  before it), cap 60 s (``--budget``): a run that does not reach it counts as the cap
-  and the row prints ``> cap`` (or ``>= mean`` when only some runs missed). The
-  checkpoint that reached the target is re-evaluated (10 deterministic seeded episodes:
-  ``confirm``); the tournament's total ``train()`` wall time is printed too. Ratios:
+  updater's measurement (32 episodes of its own) scores at -200 or better (tournament and
+  lone pods: the ``created`` time of the first checkpoint in its store scoring -200,
+  counted from the call to ``train()``; a best-of-4 agent's claim is measured the same
+  way and a refuted one trains on: ``tournament_runs.measure_claim``; each run prints the
+  claims refuted before it), cap 60 s (``--budget``): a run that does not reach it
+  counts as the cap and the row prints ``> cap`` (or ``>= mean`` when only some runs
+  missed). The checkpoint that reached the target is re-evaluated (10 deterministic
+  seeded episodes: ``confirm``); the tournament's total ``train()`` wall time is printed
+  too. Ratios:
   time / best tuned lone agent's time, and time / the ``sb3-ppo`` row's mean time in
   this run (``-`` when Stable-Baselines3 is not installed or that row was not run).
 * ``halfcheetah`` (``gym/HalfCheetah-v5``), ``hopper`` (``gym/Hopper-v5``): no target;
   each run gets its full budget (300 s, ``--budget``); the score is a 10-episode
-  deterministic, seeded re-evaluation of the run's best checkpoint (tournament: the
-  leaderboard's top-1; lone agents: their best in-training evaluation). Columns: score
-  / best tuned lone agent's score (the ``ppo``/``sac``/``td3`` row with the best mean in
-  this run), whether the row beats every random-hparam row run, and its std / the std
-  of the best tuned lone row that has 2+ runs (``sac`` in the minimum plan).
+  deterministic, seeded re-evaluation of the run's best checkpoint (tournament and lone
+  pods: the leaderboard's top-1). Columns: score / best tuned lone agent's score (the
+  ``ppo``/``sac``/``td3`` row with the best mean in this run), whether the row beats
+  every random-hparam row run, and its std / the std of the best tuned lone row that has
+  2+ runs (``sac`` in the minimum plan).
 
 Plans (rows x seeds):
 

@@ -10,16 +10,17 @@ freshly built agent on a fresh env of ``EVAL_EPISODES`` copies, and its determin
 policy is run for ``EVAL_EPISODES`` episodes with the env seeded with ``EVAL_SEED``.
 
 * ``score``: that re-evaluation of the run's best checkpoint, chosen by in-training
-  score (the leaderboard's top-1 for the tournament; the best in-training evaluation of
-  a lone agent; for best-of-4, the best of the four agents' bests).
+  score (the leaderboard's top-1 for the tournament and the lone pods, which are
+  ``podracer train`` runs too; for best-of-4, the best of the four agents' best
+  in-training evaluations).
 * ``time_to_target`` (tasks with a target): seconds from the start of the run to the
   first claim of the target that held: an in-training evaluation that reached it, whose
   state then scored at least the target in the updater's measurement
-  (``MEASURE_EPISODES`` episodes of its own). For the tournament that is the ``created``
-  time of the first checkpoint in its store whose (measured) score reached it; a lone
-  agent's claim is measured the same way (``measure_claim``) while it trains on, as a
-  pod's is. ``refuted`` counts the claims that did not hold; ``confirm`` is the re-evaluation
-  of the checkpoint that reached it.
+  (``MEASURE_EPISODES`` episodes of its own). For the tournament and the lone pods that
+  is the ``created`` time of the first checkpoint in the store whose (measured) score
+  reached it; a best-of-4 agent's claim is measured the same way (``measure_claim``)
+  while it trains on, as a pod's is. ``refuted`` counts the claims that did not hold;
+  ``confirm`` is the re-evaluation of the checkpoint that reached it.
 """
 
 from __future__ import annotations
