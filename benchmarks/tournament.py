@@ -113,9 +113,9 @@ earlier 2-seed run without repeating the first two::
     python -m benchmarks.tournament --plan minimum --tasks hopper --first-seed 2  # seed 2
 
 ``--fresh`` moves an existing ``results.json`` aside (``results-<unix time>.json``) and
-starts an empty one. Tournament stores go to
-``runs/bench-tournament/<task>/<row>-s<seed>``. The machine must be otherwise idle: the
-figures are wall-clock figures.
+starts an empty one. The stores of the tournament and lone pods go to
+``runs/bench-tournament/<task>/<row>-s<seed>`` (a drawn row's: ``-d<draw>`` after it).
+The machine must be otherwise idle: the figures are wall-clock figures.
 """
 
 from __future__ import annotations
@@ -170,16 +170,15 @@ QUICK_BUDGET = 20.0
 def run_one(task: Task, method: str, seed: int, draw: int | None, budget: float
             ) -> RunResult:
     """One run of ``method`` on ``task`` in a fresh process, scored."""
+    drawn = "" if draw is None else f"-d{draw}"
+    out = OUT / task.key / f"{method}-s{seed}{drawn}"  # a train() run's store
     if method in TOURNAMENTS:
-        out = OUT / task.key / f"{method}-s{seed}"
         return in_subprocess(run_tournament, task, seed, budget, out,
                              overrides=TOURNAMENTS[method], method=method)
     if method in SB3_METHODS:
         return in_subprocess(run_sb3, task, method, seed, budget)
     if method == "best-of-4":
         return in_subprocess(run_best_of_4, task, seed, budget)
-    drawn = "" if draw is None else f"-d{draw}"
-    out = OUT / task.key / f"{method}-s{seed}{drawn}"
     return in_subprocess(run_lone, task, method, method.removesuffix("-random"), seed,
                          budget, out, draw)
 
