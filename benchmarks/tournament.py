@@ -24,7 +24,9 @@ machine). Rows:
   ``tournament-explorechallengers``, ``tournament-exploremix``,
   ``tournament-explorenear``: with the keeper's algorithm at its floor on the other pods
   while it has a challenger, at its mix weight, or with only its challengers above
-  their floors there (``population.exploring``);
+  their floors there (``population.exploring``); ``tournament-trainingdata``,
+  ``tournament-trainingown``: with equal training counting the pool rows a member
+  learned from, or its own rounds only (``population.training``);
   ``tournament-envthreads1``, ``tournament-envthreadsall``:
   with each pod's MuJoCo copies stepped on one thread, or on every CPU (the default
   shares the CPUs among the pods; MuJoCo tasks only; ``tournament_runs.TOURNAMENTS``). Each

@@ -86,6 +86,8 @@ TOURNAMENTS: dict[str, Mapping[str, Any]] = {
     "tournament-explorechallengers": {"population.exploring": "challengers"},
     "tournament-exploremix": {"population.exploring": "mix"},
     "tournament-explorenear": {"population.exploring": "near"},
+    "tournament-trainingdata": {"population.training": "data"},
+    "tournament-trainingown": {"population.training": "own"},
     "tournament-envthreads1": {"env_kwargs": {"num_threads": 1}},
     "tournament-envthreadsall": {"env_kwargs": {"num_threads": len(os.sched_getaffinity(0))}},
 }
@@ -102,7 +104,8 @@ keeper's lineage standing in for a busy new keeper for a long round or for one r
 (``population.stand_in``), and with every algorithm's first lineage going first until it
 has trained ``ready_s`` or for two rounds (``population.measure``), and with the
 keeper's algorithm at its floor on the other pods or at its mix weight
-(``population.exploring``), and with each pod's
+(``population.exploring``), and with equal training counting the pool rows a member
+learned from or its own rounds only (``population.training``), and with each pod's
 MuJoCo copies stepped on one thread or on every CPU (``env_kwargs.num_threads``, MuJoCo
 tasks only; by default on the node's CPUs shared among its pods,
 ``podracer.train.fit_to_machine``); the rows keep their meaning whatever the default)."""

@@ -16,9 +16,17 @@ from collections.abc import Mapping, Sequence
 from leaderboard.store import Entry
 
 
-def cost(entry: Entry, by_steps: bool) -> float:
-    """The training behind ``entry``: env steps (``by_steps``) or wall seconds."""
-    return float(entry.env_steps) if by_steps else entry.wall_time
+def cost(entry: Entry, by_steps: bool, data: bool = False) -> float:
+    """The training behind ``entry``: env steps (``by_steps``) or wall seconds; with
+    ``data``, the experience-pool rows it learned from count too, each as one env step
+    (in seconds: at the entry's own rate of collection, ``PopulationConfig.training``)."""
+    own = float(entry.env_steps) if by_steps else entry.wall_time
+    if not data or entry.pool_rows <= 0:
+        return own
+    if by_steps:
+        return own + entry.pool_rows
+    return own * (entry.env_steps + entry.pool_rows) / entry.env_steps \
+        if entry.env_steps > 0 else own
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,25 +36,36 @@ class Curve:
     each of its checkpoints, in the order they came back."""
 
     points: tuple[tuple[float, float, float], ...]
+    own: float | None = None
+    """The training of its own rounds alone, where ``points`` count pool rows too
+    (``None``: they do not, ``trained``)."""
 
     @classmethod
-    def of(cls, entries: Sequence[Entry], by_steps: bool = False) -> Curve | None:
-        """The curve of ``entries`` (``None``: fewer than two, not measured yet)."""
+    def of(cls, entries: Sequence[Entry], by_steps: bool = False,
+           data: bool = False) -> Curve | None:
+        """The curve of ``entries`` (``None``: fewer than two, not measured yet); with
+        ``data``, on an axis that counts the pool rows each learned from (``cost``)."""
         if len(entries) < 2:
             return None
         clock, best, std = 0.0, -math.inf, 0.0
         points = []
         for entry in sorted(entries, key=lambda e: (e.created, e.id)):
-            clock += cost(entry, by_steps)
+            clock += cost(entry, by_steps, data)
             if entry.score_mean > best:
                 best, std = entry.score_mean, entry.score_std
             points.append((clock, best, std))
-        return cls(tuple(points))
+        own = sum(cost(e, by_steps) for e in entries) if data else None
+        return cls(tuple(points), own)
 
     @property
     def trained(self) -> float:
         """Training behind the newest point."""
         return self.points[-1][0]
+
+    @property
+    def own_training(self) -> float:
+        """The training of its own rounds (what ``ready_s`` is measured against)."""
+        return self.own if self.own is not None else self.trained
 
     @property
     def best(self) -> float:
@@ -140,7 +159,7 @@ def exploring(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
     tally = pairs(measured, episodes)
     others = len(measured) - 1
     floor = {a for a, c in measured.items()
-             if others > 0 and tally[a][1] == others and c.trained >= ready}
+             if others > 0 and tally[a][1] == others and c.own_training >= ready}
     if kept in measured:
         challengers = {a for a in measured if a != kept and a not in floor
                        and near(measured, a, kept, drop)}

@@ -146,6 +146,7 @@ from broker.core.experiment_specs import (
     KEEPERS,
     MEASURES,
     STAND_INS,
+    TRAININGS,
     check_rules,
 )
 from leaderboard.curves import Curve, beats, cost, exploring, leader, pairs, shares, slope
@@ -292,6 +293,10 @@ class PopulationConfig:
     ``NEAR``); the mix with the keeper's algorithm at its floor while challenged
     (``challengers``: ``CHALLENGERS``); or the mix (``mix``). An algorithm behind every
     other at equal training is at its floor in all three."""
+    training: str = TRAININGS[0]
+    """What equal training counts: a member's own rounds (``own``), or those and the pool
+    rows it learned from (``data``: ``leaderboard.curves.cost``). ``ready_s`` is always
+    its own training."""
     explore_p: float = 0.0
     """Probability that a round starts a fresh lineage with sampled hyperparameters."""
     window: int = 4
@@ -312,7 +317,8 @@ class PopulationConfig:
             raise ConfigError("population.ready_s", f"must be >= 0, got {self.ready_s}")
         if not 0.0 <= self.min_share <= 1.0:
             raise ConfigError("population.min_share", f"must be in [0, 1], got {self.min_share}")
-        check_rules(self.keeper, self.handover, self.stand_in, self.measure, self.exploring)
+        check_rules(self.keeper, self.handover, self.stand_in, self.measure, self.exploring,
+                    self.training)
         if not 0.0 <= self.explore_p <= 1.0:
             raise ConfigError("explore_p", f"must be in [0, 1], got {self.explore_p}")
         if self.window < 2:
@@ -467,7 +473,9 @@ class Planner:
     # ---------------------------------------------------------------- deciding
 
     def _curves(self) -> dict[str, Curve | None]:
-        return {name: Curve.of(self.store.top(1_000_000, algorithm=name), self.config.by_steps)
+        data = self.config.training == "data"
+        return {name: Curve.of(self.store.top(1_000_000, algorithm=name), self.config.by_steps,
+                               data)
                 for name in self.mix}
 
     def allocation(self) -> dict[str, float]:
@@ -590,7 +598,7 @@ class Planner:
         """Whether an algorithm of this ``curve`` is measured (``PopulationConfig.measure``):
         it has two checkpoints, and with ``ready`` it has trained ``ready_s``."""
         return curve is not None and (self.config.measure != "ready"
-                                      or curve.trained >= self.config.ready_s)
+                                      or curve.own_training >= self.config.ready_s)
 
     def _measuring_round(self, curves: Mapping[str, Curve | None]) -> Plan | None:
         """The next round of an algorithm's first lineage while that algorithm is not

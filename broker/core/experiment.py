@@ -23,6 +23,7 @@ from broker.core.experiment_specs import (
     KEEPERS,
     MEASURES,
     STAND_INS,
+    TRAININGS,
     MutationConfig,
     PopulationSpec,
     SelectionSpec,
@@ -259,8 +260,10 @@ def _population(table: Table) -> PopulationSpec:
         handover=table.string("handover", HANDOVERS[0]),
         stand_in=table.string("stand_in", STAND_INS[0]),
         measure=table.string("measure", MEASURES[0]),
-        exploring=table.string("exploring", EXPLORINGS[0]))
-    check_rules(spec.keeper, spec.handover, spec.stand_in, spec.measure, spec.exploring)
+        exploring=table.string("exploring", EXPLORINGS[0]),
+        training=table.string("training", TRAININGS[0]))
+    check_rules(spec.keeper, spec.handover, spec.stand_in, spec.measure, spec.exploring,
+                spec.training)
     table.finish()
     return spec
 

@@ -64,17 +64,21 @@ MEASURES = ("ready", "two-rounds")
 """The values of ``PopulationSpec.measure``, the default first."""
 EXPLORINGS = ("near", "challengers", "mix")
 """The values of ``PopulationSpec.exploring``, the default first."""
+TRAININGS = ("own", "data")
+"""The values of ``PopulationSpec.training``, the default first."""
 
 
 def check_rules(keeper: str, handover: str, stand_in: str, measure: str,
-                exploring: str) -> None:
+                exploring: str, training: str = TRAININGS[0]) -> None:
     """Refuse a ``population.keeper`` not in ``KEEPERS``, a ``handover`` not in
     ``HANDOVERS``, a ``stand_in`` not in ``STAND_INS``, a ``measure`` not in
-    ``MEASURES``, an ``exploring`` not in ``EXPLORINGS``."""
+    ``MEASURES``, an ``exploring`` not in ``EXPLORINGS``, a ``training`` not in
+    ``TRAININGS``."""
     for name, value, values in (("keeper", keeper, KEEPERS), ("handover", handover, HANDOVERS),
                                 ("stand_in", stand_in, STAND_INS),
                                 ("measure", measure, MEASURES),
-                                ("exploring", exploring, EXPLORINGS)):
+                                ("exploring", exploring, EXPLORINGS),
+                                ("training", training, TRAININGS)):
         if value not in values:
             raise ConfigError(f"population.{name}", f"unknown {name} {value!r}",
                               f"use one of {', '.join(values)}")
@@ -123,6 +127,12 @@ class PopulationSpec:
     ``challengers``, the mix, but the keeper's algorithm while it has a challenger, and an
     algorithm behind every other, at their floor; ``mix``, the mix with only the one
     behind at its floor (``leaderboard.population``)."""
+    training: str = TRAININGS[0]
+    """What "equal training" counts when algorithms are compared (``leaderboard.curves``):
+    ``own``, the seconds (env steps, reproducible) of a member's own rounds; ``data``,
+    those plus the experience-pool rows it learned from, each counted at the member's
+    own rate of collection, so a member warm-started from the pool is compared at the
+    data behind it, not ahead of one that collected its own (``leaderboard.population``)."""
 
 
 MIN_ROUND_S = 10.0

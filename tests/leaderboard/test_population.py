@@ -35,12 +35,13 @@ _created = itertools.count(1)
 
 def _put(store: LeaderboardStore, cid: str, algorithm: str, score: float, *,
          parent: str | None = None, hparams: dict[str, Any] | None = None,
-         wall: float = 20.0, std: float = 1.0) -> None:
+         wall: float = 20.0, std: float = 1.0, pool_rows: int = 0) -> None:
     store.insert(Checkpoint(id=cid, experiment="exp", init_id=cid, pod="pod-1",
                             algorithm=algorithm, env="torch/Pendulum-v1",
                             hparams=dict(hparams or LR), state={"w": torch.zeros(2)},
                             score_mean=score, score_std=std, env_steps=100, wall_time=wall,
-                            parent_id=parent, created=float(next(_created))))
+                            parent_id=parent, created=float(next(_created)),
+                            pool_rows=pool_rows))
 
 
 def _planner(store: LeaderboardStore, mix: dict[str, float] | None = None,
@@ -386,6 +387,33 @@ def test_a_round_that_scores_below_an_earlier_one_costs_no_share(
     _curve(store, "sac", [202.0, 15.0])
     planner = _planner(store, {"ppo": 1.0, "sac": 1.0}, members=1)
     assert planner.allocation()["sac"] == pytest.approx(0.85)
+
+
+def test_counted_by_data_a_warm_start_from_the_pool_leads_nothing(
+        store: LeaderboardStore) -> None:
+    # HalfCheetah (seed 0, session 29): TD3 started from ~82k pool rows, scored 4997
+    # after 65 s of its own rounds where SAC had 3424 after as many, and kept the pod
+    # from 140 s; SAC, on the other pod, ended best. Here: 100 env steps per 20 s round;
+    # TD3's first round also took 300 pool rows, three rounds' worth of its collection
+    for n, score in enumerate([0.0, 100.0, 2000.0, 3400.0]):
+        _put(store, f"sac{n}", "sac", score, parent=f"sac{n - 1}" if n else None)
+    for n, score in enumerate([200.0, 2500.0, 5000.0]):
+        _put(store, f"td3{n}", "td3", score, parent=f"td3{n - 1}" if n else None,
+             pool_rows=300 if n == 0 else 0)
+    own = {a: Curve.of(store.top(100, algorithm=a)) for a in ("sac", "td3")}
+    data = {a: Curve.of(store.top(100, algorithm=a), data=True) for a in ("sac", "td3")}
+    assert leader(own) == "td3"  # at 60 s of own rounds: 5000 against 2000
+    assert leader(data) == "sac"  # at SAC's 80 s of data: 3400 against TD3's 200
+    td3 = data["td3"]
+    assert td3 is not None and td3.trained == pytest.approx(120.0)  # 80 + 20 + 20
+    assert td3.own_training == pytest.approx(60.0)  # what ready_s is held against
+    steps = Curve.of(store.top(100, algorithm="td3"), by_steps=True, data=True)
+    assert steps is not None and steps.points[0][0] == pytest.approx(400.0)  # 100 + 300
+    for training, lead in (("own", "td3"), ("data", "sac")):
+        planner = _planner(store, {"sac": 1.0, "td3": 1.0}, members=1, training=training)
+        assert max(planner.allocation().items(), key=lambda kv: kv[1])[0] == lead
+    with pytest.raises(ConfigError, match=r"population\.training: unknown training 'pool'"):
+        PopulationConfig(training="pool")
 
 
 def test_reproducible_mode_counts_env_steps_not_seconds(store: LeaderboardStore) -> None:
