@@ -64,7 +64,7 @@ MEASURES = ("ready", "two-rounds")
 """The values of ``PopulationSpec.measure``, the default first."""
 EXPLORINGS = ("near", "challengers", "mix")
 """The values of ``PopulationSpec.exploring``, the default first."""
-TRAININGS = ("own", "data")
+TRAININGS = ("data", "own")
 """The values of ``PopulationSpec.training``, the default first."""
 
 
@@ -129,10 +129,11 @@ class PopulationSpec:
     behind at its floor (``leaderboard.population``)."""
     training: str = TRAININGS[0]
     """What "equal training" counts when algorithms are compared (``leaderboard.curves``):
-    ``own``, the seconds (env steps, reproducible) of a member's own rounds; ``data``,
-    those plus the experience-pool rows it learned from, each counted at the member's
-    own rate of collection, so a member warm-started from the pool is compared at the
-    data behind it, not ahead of one that collected its own (``leaderboard.population``)."""
+    ``data``, the seconds (env steps, reproducible) of a member's own rounds plus the
+    experience-pool rows it learned from, each counted at the member's own rate of
+    collection, so a member warm-started from the pool is compared at the data behind
+    it, not ahead of one that collected its own; ``own``, its own rounds alone.
+    Measured on HalfCheetah-v5: ``leaderboard.population.DATA``."""
 
 
 MIN_ROUND_S = 10.0

@@ -81,7 +81,7 @@ def test_defaults_of_a_minimal_file() -> None:
     (with_(population={"exploring": "all"}),
      r"population\.exploring: unknown exploring 'all' \(use one of near, challengers, mix\)"),
     (with_(population={"training": "pool"}),
-     r"population\.training: unknown training 'pool' \(use one of own, data\)"),
+     r"population\.training: unknown training 'pool' \(use one of data, own\)"),
     (with_(target_score=float("nan")), r"target_score: expected a finite number"),
     (with_(name="bad name!"), r"name: 'bad name!' is not a valid experiment name"),
     # ``$`` matched before a trailing newline: the name namespaces broker names
