@@ -493,7 +493,7 @@ class Planner:
     # ---------------------------------------------------------------- deciding
 
     def _curves(self) -> dict[str, Curve | None]:
-        data = self.config.training == "data"
+        data = self.config.training == DATA
         return {name: Curve.of(self.store.top(1_000_000, algorithm=name), self.config.by_steps,
                                data)
                 for name in self.mix}

@@ -133,7 +133,7 @@ class PopulationSpec:
     experience-pool rows it learned from, each counted at the member's own rate of
     collection, so a member warm-started from the pool is compared at the data behind
     it, not ahead of one that collected its own; ``own``, its own rounds alone.
-    Measured on HalfCheetah-v5: ``leaderboard.population.DATA``."""
+    Measured on HalfCheetah-v5 and Hopper-v5: ``leaderboard.population.DATA``."""
 
 
 MIN_ROUND_S = 10.0
