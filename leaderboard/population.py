@@ -271,7 +271,7 @@ and SAC, in 20-s rounds on the other pod, ended best in two of them. Counted by 
 TD3's first round weighs 71 s instead of its 22 s, and SAC kept the pod from 164-167 s
 in all three. Over 3 seeds interleaved with the rule before and the lone SAC pod
 (``benchmarks.tournament --tasks halfcheetah,hopper --methods
-tournament,tournament-trainingdata,sac``, on a machine where the lone SAC pod made about
+tournament-trainingdata,tournament-trainingown,sac``, on a machine where the lone SAC pod made about
 1,000 env steps/s): HalfCheetah "data" 5946 ± 301 (6161, 5603, 6075), "own" 5265 ± 636
 (5943, 4683, 5169), SAC alone 5602 ± 931 (5537, 6564, 4705); Hopper "data" 1134 ± 522
 (864, 1736, 801), "own" 801 ± 185 (921, 896, 588), SAC alone 1341 ± 347 (1718, 1272,
