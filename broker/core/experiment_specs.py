@@ -69,7 +69,7 @@ TRAININGS = ("data", "own")
 
 
 def check_rules(keeper: str, handover: str, stand_in: str, measure: str,
-                exploring: str, training: str = TRAININGS[0]) -> None:
+                exploring: str, training: str) -> None:
     """Refuse a ``population.keeper`` not in ``KEEPERS``, a ``handover`` not in
     ``HANDOVERS``, a ``stand_in`` not in ``STAND_INS``, a ``measure`` not in
     ``MEASURES``, an ``exploring`` not in ``EXPLORINGS``, a ``training`` not in
