@@ -273,6 +273,13 @@ class LeaderboardStore:
                       entry.score_mean)
         return Inserted(entry, added)
 
+    def rescore(self, checkpoint_id: str, mean: float, std: float) -> bool:
+        """Rank the entry at a new measurement of the updater's (``mean`` and ``std``; its
+        claim stays in ``score_claimed``); False if no entry has this id."""
+        return self.write("UPDATE checkpoints SET score_mean = ?, score_std = ?, "
+                          "reevaluated = 1 WHERE id = ?",
+                          (float(mean), float(std), checkpoint_id)) == 1
+
     def prune(self, retention: Retention) -> Pruned:
         """Delete the blobs that ``retention`` does not keep (``leaderboard.retention``)."""
         return prune(self, retention)

@@ -83,6 +83,9 @@ async def test_a_forged_result_first_under_a_real_round_costs_it_one_measurement
                 assert isinstance(changed, LeaderboardChanged)
                 if changed.checkpoints == 2:
                     break
+            with LeaderboardStore(tmp_path) as store:  # as the rival left it: at its stop
+                row = store.get(real.id)  # the updater measures its top once more
+                assert row is not None and store.count() == 2
             assert await stop(ctx, task) == 0
     measured = {}
     for record in caplog.records:  # the measured means as logged, unrounded (the message
@@ -90,9 +93,6 @@ async def test_a_forged_result_first_under_a_real_round_costs_it_one_measurement
         if str(record.msg).startswith(_MEASURED) and record.args \
                 and record.args[0] == real.id[:16]:
             measured.setdefault(len(measured), float(record.args[2]))
-    with LeaderboardStore(tmp_path) as store:
-        row = store.get(real.id)
-        assert row is not None and store.count() == 2
     # both results under the round's id were measured; the better one keeps the row
     assert len(measured) >= 2, measured
     assert row.reevaluated and row.score_mean == pytest.approx(max(measured.values()), abs=1)

@@ -328,3 +328,51 @@ def test_an_env_scored_on_held_out_windows_is_measured_in_one_stage(
             assert built == [updater_module.MEASURE_FIRST, updater_module.MEASURE_EPISODES]
         finally:
             updater.close()
+
+
+def test_the_final_measurement_ranks_the_top_on_all_their_episodes(tmp_path: Path) -> None:
+    """A run scored at its budget ends with its top ``FINAL_TOP`` measured again on all
+    ``MEASURE_EPISODES`` episodes and ranked by that: a lucky stored score (the winner's
+    curse) falls to what the policy does, the one below the top 3 stays as it was, and a
+    run with a target score is left alone (its stop was a measured claim)."""
+    from agents.evaluator import evaluate
+    from envs.registry import make_env
+    from leaderboard.updater import FINAL_TOP, MEASURE_EPISODES
+    from tests.reliability.reliability_states import ppo_checkpoint
+
+    env, ppo = "gym/Pendulum-v1", {"num_envs": 4, "rollout_steps": 16, "hidden_size": 16}
+    exp = default_experiment(env).with_overrides(
+        name="final", algos={"ppo": 1}, reproducible=True, seed=7,
+        round_budget={"steps": 1000}, total_budget={"env_steps": 10_000})
+    lucky = [ppo_checkpoint("final", env, ppo, score=s) for s in (100.0, 50.0, 0.0, -10.0)]
+    assert FINAL_TOP == 3
+    with LeaderboardStore(tmp_path) as s:
+        for checkpoint in lucky:
+            s.insert(checkpoint)
+        with_target = _updater(exp.with_overrides(target_score=-100.0), s, tmp_path, "t")
+        assert with_target.final_measure() == []
+        with_target.close()
+        updater = _updater(exp, s, tmp_path, "updater-f")
+        measured = updater.final_measure()
+        updater.close()
+        after = {e.id: e for e in s.entries()}
+        best = s.best()
+
+    def true_score(checkpoint: Checkpoint) -> float:
+        vec = make_env(env, MEASURE_EPISODES, "cpu")
+        try:
+            agent = updater.validator.resolve(checkpoint).build(
+                vec.single_observation_space, vec.single_action_space,
+                torch.device("cpu"), 0, checkpoint.state)
+            return evaluate(lambda obs: agent.act(obs, True), vec, MEASURE_EPISODES, seed=7).mean
+        finally:
+            vec.close()
+
+    assert [e.id for e, _ in measured] == [c.id for c in lucky[:3]]
+    for checkpoint in lucky[:3]:
+        entry = after[checkpoint.id]
+        assert entry.score_mean == pytest.approx(true_score(checkpoint), rel=1e-9)
+        assert entry.score_mean < -100.0  # an untrained Pendulum policy
+        assert entry.reevaluated and entry.score_claimed == checkpoint.score_mean
+    assert after[lucky[3].id].score_mean == -10.0 and not after[lucky[3].id].reevaluated
+    assert best is not None and best.id == lucky[3].id

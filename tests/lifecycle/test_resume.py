@@ -20,7 +20,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from leaderboard.store import LeaderboardStore, spent
+from leaderboard.store import Entry, LeaderboardStore, spent
 
 BUDGET_S = 24.0
 ROUND_S = 4.0
@@ -81,12 +81,18 @@ def _queues(amqp_url: str, experiment: str) -> dict[str, int]:
     return found
 
 
-def _snapshot(out: Path) -> tuple[set[str], float, int]:
+def _snapshot(out: Path) -> tuple[set[str], Entry, int]:
     with LeaderboardStore(out) as store:
         entries = store.entries()
         best = store.best()
     assert best is not None
-    return {e.id for e in entries}, best.score_mean, max(e.generation for e in entries)
+    return {e.id for e in entries}, best, max(e.generation for e in entries)
+
+
+def _was_measured_again(out: Path, before: Entry) -> bool:
+    with LeaderboardStore(out) as store:
+        now = store.get(before.id)
+    return now is not None and now.reevaluated and now.score_mean < before.score_mean
 
 
 def _sessions(out: Path) -> list[dict[str, object]]:
@@ -114,7 +120,7 @@ def test_interrupted_run_resumes_to_one_continuous_run(
     finally:
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
-    before_ids, before_best, before_generation = _snapshot(out)
+    before_ids, before, before_generation = _snapshot(out)
     if how == "sigint":
         assert first.returncode == 0, output[-3000:]
         assert "--resume" in output
@@ -143,7 +149,7 @@ def test_interrupted_run_resumes_to_one_continuous_run(
     assert second.returncode == 0, output[-3000:] + logs[-4000:]
     assert "resuming" in output and "time budget spent" in output
 
-    after_ids, after_best, after_generation = _snapshot(out)
+    after_ids, after, after_generation = _snapshot(out)
     assert before_ids < after_ids  # nothing lost, more added
     with LeaderboardStore(out) as store:
         entries = store.entries()
@@ -158,12 +164,14 @@ def test_interrupted_run_resumes_to_one_continuous_run(
                 parent = store.get(entry.parent_id)
                 assert parent is not None and entry.generation == parent.generation + 1
     assert after_generation > before_generation
-    assert after_best >= before_best
+    # the best falls only by the final measurement of the top (``leaderboard.updater``):
+    # the entry that led before the restart is kept, at its score or measured again
+    assert after.score_mean >= before.score_mean or _was_measured_again(out, before)
     # the budget spent in total: the asked one, within one round (plus a start-up)
     assert BUDGET_S - 2 * ROUND_S <= done.seconds <= BUDGET_S + 2 * ROUND_S, done
     sessions = _sessions(out)
     print(f"{how}: {len(before_ids)} checkpoints before, {len(after_ids)} after; best "
-          f"{before_best:.1f} -> {after_best:.1f}; generation {before_generation} -> "
+          f"{before.score_mean:.1f} -> {after.score_mean:.1f}; generation {before_generation} -> "
           f"{after_generation}; spent {done.seconds:.1f} s of {BUDGET_S:.0f} s")
     assert len(sessions) == 2 and sessions[-1]["state"] == "finished"
     # a clean end: every queue of the experiment is gone (they were all empty)
