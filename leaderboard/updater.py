@@ -108,6 +108,7 @@ on HalfCheetah 32 episodes of a 256x256 policy take 3-4 s once the pods are done
 MAX_HOLD_S = 15 * 60.0
 """A checkpoint held this long during a store outage goes back to the queue."""
 
+
 def _never(mean: float, std: float, episodes: int) -> bool:
     """A measurement's first stage never ends it (the final measurement runs them all)."""
     return False
