@@ -202,6 +202,12 @@ class Updater:
         """The heartbeat's status: why this node takes no checkpoints, if it does not."""
         return "running" if self.health.down is None else f"unavailable: {self.health.down}"[:200]
 
+    @property
+    def measure_episodes(self) -> int:
+        """Episodes of a full measurement: ``MEASURE_EPISODES``, or more when the
+        experiment evaluates more."""
+        return max(MEASURE_EPISODES, self.experiment.eval_episodes)
+
     def _measure(self, checkpoint: Checkpoint, settled: Settled) -> tuple[float, float]:
         """The updater's own score of ``checkpoint`` (only for candidates: see claims):
         ``MEASURE_FIRST`` episodes, then the rest unless ``settled`` by them."""
@@ -210,7 +216,7 @@ class Updater:
 
     def _measure_state(self, resolved: Resolved, state: Mapping[str, torch.Tensor],
                        settled: Settled) -> tuple[float, float]:
-        first, rest = self._envs(max(MEASURE_EPISODES, self.experiment.eval_episodes))
+        first, rest = self._envs(self.measure_episodes)
         try:
             agent = resolved.build(first.single_observation_space,
                                    first.single_action_space, torch.device("cpu"), 0,
@@ -240,7 +246,7 @@ class Updater:
         one measurement ran them all)."""
         if self.experiment.target_score is not None:
             return []
-        _, rest = self._envs(max(MEASURE_EPISODES, self.experiment.eval_episodes))
+        _, rest = self._envs(self.measure_episodes)
         if rest is None:
             return []
         measured = []
@@ -267,7 +273,7 @@ class Updater:
             log.warning("final measurement skipped: %s", one_line(exc))
             return
         log.info("final measurement of the top %d (%d episodes each): %s; best %s at %.4g",
-                 len(measured), max(MEASURE_EPISODES, self.experiment.eval_episodes),
+                 len(measured), self.measure_episodes,
                  ", ".join(f"{short_id(e.id, 8)} {e.score_mean:.4g} -> {mean:.4g}"
                            for e, mean in measured),
                  short_id(news.best_id, 8), news.best_score)
