@@ -48,6 +48,10 @@ class OffPolicyConfig:
     """Fields shared by the off-policy configs; each algorithm's config extends it one
     level (re-declaring a field only to change its default)."""
 
+    WORK: ClassVar[tuple[str, ...]] = ("updates_per_iter", "batch_size")
+    """Fields whose product is the gradient work per iteration, lowered in this order when
+    a sampled or mutated configuration does too much of it (``mutation.max_work``)."""
+
     num_envs: int = 64
     """Parallel env copies explored in one batch."""
     steps_per_iter: int = 1

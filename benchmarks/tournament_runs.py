@@ -90,6 +90,7 @@ TOURNAMENTS: dict[str, Mapping[str, Any]] = {
     "tournament-trainingown": {"population.training": "own"},
     "tournament-envthreads1": {"env_kwargs": {"num_threads": 1}},
     "tournament-envthreadsall": {"env_kwargs": {"num_threads": len(os.sched_getaffinity(0))}},
+    "tournament-sac": {"algos": {"sac": 1}},
 }
 """The tournament rows: the default ``podracer train``, and the same with one experiment
 override (``Experiment.with_overrides`` keys): without the shared experience pool (the
@@ -108,7 +109,10 @@ keeper's algorithm at its floor on the other pods or at its mix weight
 learned from or its own rounds only (``population.training``), and with each pod's
 MuJoCo copies stepped on one thread or on every CPU (``env_kwargs.num_threads``, MuJoCo
 tasks only; by default on the node's CPUs shared among its pods,
-``podracer.train.fit_to_machine``); the rows keep their meaning whatever the default)."""
+``podracer.train.fit_to_machine``), and with SAC alone in the mix (``algos``: the
+tournament of the lone row's algorithm, its pods all SAC lineages, so that the price of
+measuring the other algorithms shows apart from the rest); the rows keep their meaning
+whatever the default)."""
 MEASURE_SEED = 54_321
 """Seeds of a lone agent's claim measurements (``measure_claim``), apart from ``EVAL_SEED``."""
 T = TypeVar("T")

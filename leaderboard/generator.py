@@ -178,7 +178,8 @@ class InitializationMaker:
             first = self._fresh.get(algorithm, 0) == 0
             self._fresh[algorithm] = self._fresh.get(algorithm, 0) + 1
             hparams = (config_to_hparams(config_from_hparams(config_cls, pinned)) if first
-                       else fresh_hparams(config_cls, self.rng, overrides=pinned))
+                       else fresh_hparams(config_cls, self.rng, overrides=pinned,
+                                          max_work=exp.mutation.max_work))
             return Initialization(hparams=hparams, **common)  # type: ignore[arg-type]
         hparams = (mutate_hparams(config_cls, parent.hparams, self.rng, exp.mutation,
                                   overrides=pinned) if plan.mutate else dict(parent.hparams))

@@ -4,11 +4,18 @@ Only the fields an algorithm lists in its ``SEARCH_SPACE`` move; every other fie
 its value (or the config default). ``overrides`` pin fields: an experiment's per-algorithm
 hyperparameters win over sampling and mutation alike. Every draw comes from the ``rng``
 passed in, in sorted field order, so a seeded ``random.Random`` reproduces a run.
+
+A drawn configuration does at most ``MutationConfig.max_work`` times the tuned defaults'
+gradient work per collected env step (``_within_work``): rounds are budgeted in seconds,
+so a configuration that does ten times the updates collects a tenth of the data in its
+round. The bound lowers the config's ``WORK`` fields after the draws (the draws
+themselves, and so a seeded run's other fields, are unchanged).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from collections.abc import Mapping
 from typing import Any
@@ -42,16 +49,39 @@ def _validated(config_cls: type, hparams: Mapping[str, Scalar]) -> dict[str, Sca
     return config_to_hparams(config_from_hparams(config_cls, hparams))
 
 
+def _within_work(config_cls: type, hparams: dict[str, Scalar], pinned: Mapping[str, Scalar],
+                 max_work: float) -> dict[str, Scalar]:
+    """``hparams`` with the product of the config's ``WORK`` fields at most ``max_work``
+    times the defaults' (pinned values included), lowered field by field in ``WORK``
+    order, each no lower than its search space allows; pinned fields never move."""
+    fields: tuple[str, ...] = getattr(config_cls, "WORK", ())
+    space = _search_space(config_cls)
+    base = {**_defaults(config_cls), **pinned}
+    limit = max_work * math.prod(float(base[name]) for name in fields)
+    for name in fields:
+        work = math.prod(float(hparams[f]) for f in fields)
+        if work <= limit:
+            break
+        if name in pinned or name not in space:
+            continue
+        dim = space[name]
+        value = float(hparams[name]) * limit / work
+        hparams[name] = dim.clip(math.floor(value) if dim.integer else value)
+    return hparams
+
+
 def fresh_hparams(config_cls: type, rng: random.Random,
-                  overrides: Mapping[str, Scalar] | None = None) -> dict[str, Scalar]:
-    """Every field of ``config_cls``: search-space fields sampled, the rest default."""
+                  overrides: Mapping[str, Scalar] | None = None,
+                  max_work: float = MutationConfig.max_work) -> dict[str, Scalar]:
+    """Every field of ``config_cls``: search-space fields sampled, the rest default, the
+    gradient work within ``max_work`` times the defaults'."""
     pinned = dict(overrides or {})
     hparams = _defaults(config_cls)
     for name in sorted(_search_space(config_cls)):
         if name not in pinned:
             hparams[name] = _search_space(config_cls)[name].sample(rng)
     hparams.update(pinned)
-    return _validated(config_cls, hparams)
+    return _validated(config_cls, _within_work(config_cls, hparams, pinned, max_work))
 
 
 def perturb(dim: SearchDim, value: float, factor: float) -> float | int:
@@ -72,7 +102,8 @@ def mutate_hparams(config_cls: type, hparams: Mapping[str, Scalar], rng: random.
     """Explore around ``hparams``: resample with ``resample_p``, else perturb by a factor.
 
     Fields missing from ``hparams`` take the config default; fields outside the search
-    space are kept as they are; ``overrides`` are applied last and never mutated.
+    space are kept as they are; ``overrides`` are applied last and never mutated; the
+    gradient work stays within ``max_work`` times the defaults'.
     """
     config = config or MutationConfig()
     pinned = dict(overrides or {})
@@ -92,4 +123,4 @@ def mutate_hparams(config_cls: type, hparams: Mapping[str, Scalar], rng: random.
                               "search-space fields must be numbers")
         out[name] = perturb(dim, float(current), factor)
     out.update(pinned)
-    return _validated(config_cls, out)
+    return _validated(config_cls, _within_work(config_cls, out, pinned, config.max_work))

@@ -151,7 +151,8 @@ class Experiment:
             "selection": {"name": self.selection.name, **self.selection.params},
             "population": dataclasses.asdict(self.population),
             "mutation": {"resample_p": self.mutation.resample_p,
-                         "perturb_factors": list(self.mutation.perturb_factors)},
+                         "perturb_factors": list(self.mutation.perturb_factors),
+                         "max_work": self.mutation.max_work},
             "num_envs": dict(self.num_envs),
             "hparams": {k: dict(v) for k, v in self.hparams.items()},
             "env_kwargs": dict(self.env_kwargs), "reproducible": self.reproducible,
@@ -271,13 +272,15 @@ def _population(table: Table) -> PopulationSpec:
 def _mutation(table: Table) -> MutationConfig:
     resample_p = table.required_number("resample_p", 0.25, 0.0, 1.0)
     factors = table.raw("perturb_factors", [0.8, 1.25])
+    max_work = table.required_number("max_work", 2.0, 1.0, math.inf)
     table.finish()
     if not isinstance(factors, list) or len(factors) != 2 or not all(
             isinstance(f, int | float) and not isinstance(f, bool) for f in factors):
         raise ConfigError("mutation.perturb_factors", f"expected two numbers, got {factors!r}",
                           "e.g. perturb_factors = [0.8, 1.25]")
     return MutationConfig(resample_p=resample_p,
-                          perturb_factors=(float(factors[0]), float(factors[1])))
+                          perturb_factors=(float(factors[0]), float(factors[1])),
+                          max_work=max_work)
 
 
 def _num_envs(value: Any, algos: Mapping[str, float]) -> dict[str, int]:

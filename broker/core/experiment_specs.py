@@ -20,6 +20,15 @@ class MutationConfig:
     """Probability of drawing a search-space field afresh instead of perturbing it."""
     perturb_factors: tuple[float, float] = (0.8, 1.25)
     """A perturbed field is multiplied by one of these, each with probability 0.5."""
+    max_work: float = 2.0
+    """A sampled or mutated configuration does at most this many times the tuned
+    defaults' gradient work per collected env step (the product of its config's ``WORK``
+    fields, e.g. SAC's ``updates_per_iter * batch_size``); above it, those fields are
+    lowered in order until it fits (``leaderboard.mutation``). A round is budgeted in
+    seconds, and an off-policy learner here is bound by its updates: on Hopper-v5 a SAC
+    lineage drawn with 32-41 updates per iteration (the default 4) collected 2,900-5,400
+    env steps per 20-s round against 20,000-27,000, stayed under 520 for 300 s, and was
+    branched from until it held both pods. A large value (1000) lifts the bound."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.resample_p <= 1.0:
@@ -31,6 +40,10 @@ class MutationConfig:
             if not (math.isfinite(factor) and factor > 0):
                 raise ConfigError("mutation.perturb_factors",
                                   f"factors must be finite and > 0, got {factor}")
+        if not (math.isfinite(self.max_work) and self.max_work >= 1.0):
+            raise ConfigError("mutation.max_work", f"must be finite and >= 1, got "
+                              f"{self.max_work}", "1 keeps the defaults' work; 1000 lifts "
+                              "the bound")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -91,6 +91,7 @@ def test_defaults_of_a_minimal_file() -> None:
     (with_(selection={"name": "best"}), r"selection\.name: unknown strategy"),
     (with_(selection={"name": "softmax", "size": 2}), r"selection\.size: unknown parameter"),
     (with_(mutation={"perturb_factors": [0.8]}), r"mutation\.perturb_factors"),
+    (with_(mutation={"max_work": 0.5}), r"mutation\.max_work: must be in \[1\.0, inf\]"),
     (with_(num_envs={"sac": 4}), r"num_envs\.sac: algorithm is not in algos"),
     (with_(num_envs=0), r"num_envs\.ppo: must be >= 1"),
     (with_(hparams={"ppo": {"lr": [1]}}), r"hparams\.ppo\.lr: expected a finite scalar"),

@@ -98,3 +98,67 @@ def test_mutation_config_is_validated() -> None:
         MutationConfig(resample_p=1.5)
     with pytest.raises(ConfigError, match=r"mutation\.perturb_factors"):
         MutationConfig(perturb_factors=(0.0, 1.2))
+    with pytest.raises(ConfigError, match=r"mutation\.max_work"):
+        MutationConfig(max_work=0.5)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkConfig:
+    """A stand-in off-policy config: updates x batch is its gradient work per iteration."""
+
+    SEARCH_SPACE: ClassVar[dict[str, SearchDim]] = {
+        "updates": SearchDim(1, 64, log=True, integer=True),
+        "batch": SearchDim(16, 1024, log=True, integer=True),
+        "lr": SearchDim(1e-5, 1e-2, log=True),
+    }
+    WORK: ClassVar[tuple[str, ...]] = ("updates", "batch")
+    updates: int = 4
+    batch: int = 64
+    lr: float = 3e-4
+    num_envs: int = 8
+
+
+def work(hp: Mapping[str, Scalar]) -> float:
+    return float(hp["updates"]) * float(hp["batch"])
+
+
+def test_drawn_work_stays_within_max_work_of_the_defaults() -> None:
+    free = [fresh_hparams(WorkConfig, random.Random(s), max_work=1000.0) for s in range(200)]
+    bound = [fresh_hparams(WorkConfig, random.Random(s)) for s in range(200)]
+    assert sum(work(hp) > 2 * 4 * 64 for hp in free) > 50  # the space alone goes far above
+    assert all(work(hp) <= 2 * 4 * 64 for hp in bound)
+    # the draws are the same: only the work fields moved, updates first
+    assert [hp["lr"] for hp in bound] == [hp["lr"] for hp in free]
+    lowered = [(f, b) for f, b in zip(free, bound, strict=True) if f != b]
+    assert lowered and all(b["updates"] <= f["updates"] and b["batch"] <= f["batch"]
+                           for f, b in lowered)
+    assert all(b["batch"] == f["batch"] for f, b in lowered if b["updates"] > 1)
+    assert any(b["updates"] == 1 and b["batch"] < f["batch"] for f, b in lowered)
+    resampled = [mutate_hparams(WorkConfig, {"updates": 4, "batch": 64}, random.Random(s),
+                                MutationConfig(resample_p=1.0)) for s in range(200)]
+    assert all(work(hp) <= 2 * 4 * 64 for hp in resampled)
+
+
+def test_pinned_work_fields_stay_and_the_others_give_way() -> None:
+    pinned = {"updates": 16}
+    hps = [fresh_hparams(WorkConfig, random.Random(s), overrides=pinned) for s in range(100)]
+    assert all(hp["updates"] == 16 for hp in hps)
+    assert all(work(hp) <= 2 * 16 * 64 for hp in hps)  # the bound counts the pinned value
+    assert min(hp["batch"] for hp in hps) >= 16  # never below the search space
+    one = {"updates": 64, "batch": 1024}
+    assert work(mutate_hparams(WorkConfig, one, random.Random(0),
+                               MutationConfig(resample_p=0.0), overrides={"batch": 1024})
+                ) == 2 * 4 * 1024  # the defaults' work at the pinned batch, twice
+
+
+def test_the_off_policy_agents_draw_within_twice_their_tuned_work() -> None:
+    from agents.ppo import PPOConfig
+    from agents.sac import SACConfig
+    from agents.td3 import TD3Config
+
+    for config_cls in (SACConfig, TD3Config):
+        hps = [fresh_hparams(config_cls, random.Random(s)) for s in range(100)]
+        assert all(int(hp["updates_per_iter"]) * int(hp["batch_size"]) <= 2 * 4 * 256
+                   for hp in hps), config_cls.__name__
+    assert all(int(fresh_hparams(PPOConfig, random.Random(s))["update_epochs"]) <= 8
+               for s in range(100))
