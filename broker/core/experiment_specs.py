@@ -26,7 +26,7 @@ class MutationConfig:
     fields, e.g. SAC's ``updates_per_iter * batch_size``); above it, those fields are
     lowered in order until it fits (``leaderboard.mutation``). A round is budgeted in
     seconds, and an off-policy learner here is bound by its updates: on Hopper-v5 a SAC
-    lineage drawn with 32-41 updates per iteration (the default 4) collected 2,900-5,400
+    lineage drawn with 32-41 updates per iteration (the default 4) collected 2,800-5,400
     env steps per 20-s round against 20,000-27,000, stayed under 520 for 300 s, and was
     branched from until it held both pods. A large value (1000) lifts the bound."""
 
