@@ -88,6 +88,7 @@ class PPOConfig:
 
     WORK: ClassVar[tuple[str, ...]] = ("update_epochs",)
     """The field that sets the gradient work per rollout (``mutation.max_work``)."""
+
     # only fields a mutated child can change while loading its parent's state: the
     # network sizes would change tensor shapes, num_envs the pod's env
     SEARCH_SPACE: ClassVar[Mapping[str, SearchDim]] = MappingProxyType({
