@@ -14,8 +14,10 @@
   handlers are idempotent by message id, by design.
 - A consumer the server cancels is restored by aio-pika's robust channel; a watchdog
   (``amqp_inbox.watch_consumer``) raises ``ConnectionClosed`` if our consumer tag stays
-  gone for ``cancel_grace`` seconds while connected, so the supervisor restarts the
-  service: never a silent stall.
+  gone (or its channel closed) for ``cancel_grace`` seconds while connected, so the
+  supervisor restarts the service: never a silent stall. A subscription in that state
+  is opened again on a new queue (``_keep_subscribed``): its exclusive queue may not be
+  declarable again, when a cluster node that dropped out still holds the old one.
 - Deliveries and their iterators live in ``broker.transports.amqp_inbox``: those
   received on a channel that has since closed are dropped (the broker redelivers them).
 - aio-pika / aiormq exceptions (``broker.transports.amqp_inbox.BROKER_ERRORS``) never
@@ -71,6 +73,7 @@ from broker.transports.amqp_inbox import (
     AmqpEvents,
     EventInbox,
     InboxItem,
+    consumer_lost,
     dead_letter_copy,
     watch_consumer,
 )
@@ -350,26 +353,58 @@ class AmqpTransport:
         """Receive events matching ``patterns`` published from now on (best effort), on a
         queue named after ``service`` (default: this process's role) and the process."""
         checked = [check_pattern(p) for p in patterns]
-        inbox: asyncio.Queue[InboxItem] = EventInbox(SUBSCRIBER_BACKLOG, ", ".join(checked))
+        label = ", ".join(checked)
+        inbox: asyncio.Queue[InboxItem] = EventInbox(SUBSCRIBER_BACKLOG, label)
 
         async def on_message(raw: AbstractIncomingMessage) -> None:
             await inbox.put(raw)
 
-        name = self._topology.subscriber(service or process_role(),
-                                         f"{process_id()}.{uuid.uuid4().hex[:6]}")
+        async def open_queue() -> tuple[AbstractRobustChannel, str]:
+            name = self._topology.subscriber(service or process_role(),
+                                             f"{process_id()}.{uuid.uuid4().hex[:6]}")
+            return await subscriber_queue(await self._consumer_conn(), self._topology.events,
+                                          name, checked, on_message)
+
         try:
-            channel = await subscriber_queue(await self._consumer_conn(), self._topology.events,
-                                             name, checked, on_message)
+            current = [await open_queue()]
         except BROKER_ERRORS as exc:
             raise ConnectionClosed(f"cannot subscribe: {exc or type(exc).__name__}") from None
         self._inboxes.add(inbox)
+        keeper = asyncio.create_task(self._keep_subscribed(current, open_queue, label))
         try:
             yield AmqpEvents(inbox, self.blobs, self._topology, self.key, self.event_drops,
                              own_role=role_of(self._user, self._topology))
         finally:
             self._inboxes.discard(inbox)
+            keeper.cancel()
+            with suppress(asyncio.CancelledError):
+                await keeper
+            with suppress(*BROKER_ERRORS):
+                await current[0][0].close()
+
+    async def _keep_subscribed(
+        self, current: list[tuple[AbstractRobustChannel, str]],
+        open_queue: Callable[[], Awaitable[tuple[AbstractRobustChannel, str]]], label: str,
+    ) -> None:
+        """Open a subscription again, on a new queue, once its consumer is lost
+        (``amqp_inbox.consumer_lost``): a subscriber never goes deaf to ``control.stop``.
+        ``current[0]`` is the live ``(channel, consumer tag)``; what was published
+        between the loss and the new queue is missed (events are best effort)."""
+        while True:
+            channel, tag = current[0]
+            await consumer_lost(self._consume_conn, channel, tag, f"events {label}",
+                                interval=self.watch_interval, grace=self.cancel_grace)
             with suppress(*BROKER_ERRORS):
                 await channel.close()
+            while True:
+                try:
+                    current[0] = await open_queue()
+                    break
+                except BROKER_ERRORS as exc:
+                    log.warning("cannot subscribe again to events %s: %s; retrying", label,
+                                exc or type(exc).__name__)
+                    await asyncio.sleep(self.watch_interval)  # a backoff, not a sync
+            log.warning("subscription to events %s opened again on a new queue", label)
 
     # ------------------------------------------------------------ inspection, closing
 

@@ -18,9 +18,11 @@ decode, and hand out :class:`AmqpDelivery` objects (work queues) or messages (ev
   (``SUBSCRIBER_BACKLOG``, drop-head). Its consumer is no-ack, so the server pushes as
   fast as events come; a subscriber that reads slower than that loses its oldest events
   (counted, with a warning) instead of growing without bound.
-- :func:`watch_consumer` notices a consumer the server cancelled; if aio-pika does not
-  restore it within the grace period it puts ``ConnectionClosed`` into the inbox, so the
-  iterator raises and the service exits instead of stalling silently.
+- :func:`consumer_lost` notices a consumer the server cancelled (or whose channel closed)
+  that aio-pika did not restore within the grace period; for a work queue,
+  :func:`watch_consumer` then puts ``ConnectionClosed`` into the inbox, so the iterator
+  raises and the service exits instead of stalling silently (a subscription is opened
+  again instead: ``AmqpTransport.subscribe``).
 """
 
 from __future__ import annotations
@@ -289,28 +291,33 @@ async def take(inbox: asyncio.Queue[InboxItem]) -> AbstractIncomingMessage:
     return item
 
 
-async def watch_consumer(
+async def consumer_lost(
     conn: AbstractRobustConnection | None, channel: AbstractRobustChannel, tag: str,
-    name: str, inbox: asyncio.Queue[InboxItem], *, interval: float, grace: float,
+    name: str, *, interval: float, grace: float,
 ) -> None:
-    """Notice a consumer the server cancelled; give up loudly if it is not restored.
+    """Return once consumer ``tag`` has been gone from ``channel`` for ``grace`` seconds
+    while ``conn`` is up: cancelled by the server and not restored, or its channel closed
+    and not reopened (a robust channel whose queue cannot be declared again, as an
+    exclusive queue still held on a cluster node that dropped out, stays closed).
 
-    Every ``interval`` seconds, while ``conn`` is up, check that consumer ``tag`` is live
-    on ``channel``; if it stays gone for ``grace`` seconds, put ``ConnectionClosed``
-    into ``inbox`` and return.
+    Checked every ``interval`` seconds; while ``conn`` reconnects nothing counts
+    (aio-pika restores channels and consumers after it).
     """
     missing_since: float | None = None
     while True:
         await asyncio.sleep(interval)
-        if conn is None or not conn.connected.is_set() or channel.is_closed:
-            missing_since = None  # reconnecting: aio-pika restores consumers after
+        if conn is None or not conn.connected.is_set():
+            missing_since = None
             continue
-        try:
-            # no wait_for here: on 3.11 it can swallow our own cancellation
-            underlay = await channel.get_underlay_channel()
-        except BROKER_ERRORS:
-            continue
-        if tag in cast(aiormq.Channel, underlay).consumers:
+        live = False
+        if not channel.is_closed:
+            try:
+                # no wait_for here: on 3.11 it can swallow our own cancellation
+                underlay = await channel.get_underlay_channel()
+            except BROKER_ERRORS:
+                continue
+            live = tag in cast(aiormq.Channel, underlay).consumers
+        if live:
             if missing_since is not None:
                 log.info("consumer of %s restored", name)
             missing_since = None
@@ -319,7 +326,17 @@ async def watch_consumer(
             log.warning("consumer of %s cancelled by the server; waiting for it to be "
                         "restored", name)
         elif time.monotonic() - missing_since > grace:
-            log.error("consumer of %s not restored within %.0f s; giving up", name, grace)
-            inbox.put_nowait(ConnectionClosed(f"consumer of {name} was cancelled by the "
-                                              "server and could not be restored"))
+            log.error("consumer of %s not restored within %.0f s", name, grace)
             return
+
+
+async def watch_consumer(
+    conn: AbstractRobustConnection | None, channel: AbstractRobustChannel, tag: str,
+    name: str, inbox: asyncio.Queue[InboxItem], *, interval: float, grace: float,
+) -> None:
+    """Give up loudly on a consumer the server cancelled and that was not restored
+    (:func:`consumer_lost`): put ``ConnectionClosed`` into ``inbox``, so its iterator
+    raises and the service exits instead of stalling silently."""
+    await consumer_lost(conn, channel, tag, name, interval=interval, grace=grace)
+    inbox.put_nowait(ConnectionClosed(f"consumer of {name} was cancelled by the server "
+                                      "and could not be restored"))

@@ -197,9 +197,10 @@ async def peek_queue(conn: AbstractRobustConnection, name: str,
 async def subscriber_queue(conn: AbstractRobustConnection, events: str, name: str,
                            patterns: Sequence[str],
                            on_message: Callable[[AbstractIncomingMessage], Awaitable[None]],
-                           ) -> AbstractRobustChannel:
+                           ) -> tuple[AbstractRobustChannel, str]:
     """A channel consuming the exclusive queue ``name`` bound to ``events`` with
-    ``patterns`` (it dies with the connection; aio-pika re-declares it on reconnect)."""
+    ``patterns`` (it dies with the connection; aio-pika re-declares it on reconnect), and
+    the consumer's tag."""
     channel = conn.channel(publisher_confirms=False)
     await channel.initialize()
     exchange = await channel.get_exchange(events, ensure=False)
@@ -208,5 +209,5 @@ async def subscriber_queue(conn: AbstractRobustConnection, events: str, name: st
         arguments={"x-max-length": SUBSCRIBER_BACKLOG, "x-overflow": "drop-head"})
     for pattern in patterns:
         await queue.bind(exchange, routing_key=pattern)
-    await queue.consume(on_message, no_ack=True)
-    return channel
+    tag = await queue.consume(on_message, no_ack=True)
+    return channel, tag

@@ -19,7 +19,7 @@ import pytest
 from broker.core.auth import secret_from_env
 from broker.core.blobstore import FileBlobStore
 from broker.core.messages import CONTENT_TYPE
-from broker.core.schemas import Checkpoint, Initialization
+from broker.core.schemas import Checkpoint, Initialization, Stop
 from broker.transports.amqp import AmqpTransport
 from broker.transports.base import Transport, broker_returns
 from broker.transports.connect import connect
@@ -100,6 +100,45 @@ async def test_cancelled_consumer_is_restored(
         assert delivery.message.id == sent.id
         await delivery.ack()
         assert (await transport.queue_depth("generator"))[1] == 1
+
+
+def _rabbitmqctl(*args: str) -> str:
+    return subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True,
+                          text=True, timeout=30).stdout
+
+
+async def test_a_subscription_whose_queue_cannot_come_back_is_opened_on_a_new_one(
+        amqp_url: str, experiment: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A subscriber's exclusive queue is deleted and its name taken before aio-pika can
+    declare it again (as when a cluster node that dropped out still holds it): the
+    robust channel stays closed, and the subscriber used to hear nothing more, so a pod
+    never saw ``control.stop`` (CI, cluster test). It now subscribes on a new queue."""
+    transport = AmqpTransport(amqp_url, experiment=experiment, secret=secret_from_env(),
+                              watch_interval=0.2, cancel_grace=2.0)
+    prefix = f"{transport.topology.events}."
+    async with transport, transport.subscribe(["control.stop"]) as events:
+        names = [n for n in _rabbitmqctl("list_queues", "-q", "name").split()
+                 if n.startswith(prefix)]
+        assert len(names) == 1, names
+        _rabbitmqctl("delete_queue", names[0])
+        with pika.BlockingConnection(pika.URLParameters(amqp_url)) as squatter:
+            squatter.channel().queue_declare(names[0], exclusive=True)
+            with caplog.at_level(logging.WARNING, logger="broker"):
+                got = None
+                for i in itertools.count():  # events published before it reopens are lost
+                    assert i < 60, "the subscription never heard an event again"
+                    await transport.publish_event("control.stop", Stop(
+                        experiment=experiment, reason=f"try {i}"))
+                    try:
+                        got = await next_within(events, 0.5)
+                        break
+                    except TimeoutError:
+                        continue
+        assert isinstance(got, Stop)
+        assert any("opened again on a new queue" in r.getMessage() for r in caplog.records)
+        after = [n for n in _rabbitmqctl("list_queues", "-q", "name").split()
+                 if n.startswith(prefix)]
+        assert len(after) == 1 and after != names, (names, after)
 
 
 async def test_twenty_mib_payload_goes_through_the_blob_store(
