@@ -323,8 +323,8 @@ async def consumer_lost(
             missing_since = None
         elif missing_since is None:
             missing_since = time.monotonic()
-            log.warning("consumer of %s cancelled by the server; waiting for it to be "
-                        "restored", name)
+            log.warning("consumer of %s gone (cancelled by the server, or its channel "
+                        "closed); waiting for it to be restored", name)
         elif time.monotonic() - missing_since > grace:
             log.error("consumer of %s not restored within %.0f s", name, grace)
             return
