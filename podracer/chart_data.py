@@ -9,6 +9,7 @@ and the round's own checkpoint (id ``init_id``) the rest, with the round's eval 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from broker.core.extras import require
@@ -124,15 +125,24 @@ def best_so_far(entries: list[Entry], start: float) -> tuple[list[float], list[f
     return [e.created - start for e in rises], [e.score_mean for e in rises]
 
 
-def steps_so_far(entries: list[Entry]) -> dict[str, int]:
-    """Checkpoint id -> the env steps of every checkpoint made up to it (itself too): the
-    run's spend when it came, the x of the charts' env-steps view."""
-    total = 0
-    spent: dict[str, int] = {}
-    for entry in sorted(entries, key=lambda e: e.created):
-        total += entry.env_steps
-        spent[entry.id] = total
-    return spent
+def spend_at(entries: list[Entry]) -> Callable[[float], float]:
+    """The env steps the run had spent at a moment (epoch seconds): every checkpoint's
+    steps, those of one still training then by the share of its span run so far (a
+    round collects at a steady rate, near enough), so a round that ends while a long one
+    runs beside it sits where the run was, not where the stored checkpoints were."""
+    spans = [(e.created - e.wall_time, e.created, e.env_steps) for e in entries]
+
+    def at(moment: float) -> float:
+        return sum(steps if moment >= end else steps * (moment - begin) / (end - begin)
+                   for begin, end, steps in spans if moment > begin)
+    return at
+
+
+def steps_so_far(entries: list[Entry]) -> dict[str, float]:
+    """Checkpoint id -> the run's spend when it came (``spend_at``): the x of the charts'
+    env-steps view."""
+    at = spend_at(entries)
+    return {e.id: at(e.created) for e in entries}
 
 
 def pods_series(entries: list[Entry], start: float, end: float,

@@ -2,11 +2,12 @@
 
 * ``tournament.png``, two panels with one legend: every checkpoint as a dot coloured by
   algorithm, over the seconds since the run started (where its round ended) and over the
-  env steps the run had spent when it came; a thin edge from each parent to its child
-  (a lineage); each round's in-round evaluations faint behind; the leaderboard's best as
-  a black step line in a band, with error bars, of its evaluation's standard deviation
-  (the spread of the episodes that scored it); the target dashed. Legend samples carry
-  the series' colours.
+  env steps the run had spent when it came (rounds still training then counted by the
+  share of their span run so far: ``chart_data.spend_at``); a thin edge from each parent
+  to its child (a lineage); each round's in-round evaluations faint behind; the
+  leaderboard's best as a black step line in a band, with error bars, of its evaluation's
+  standard deviation (the spread of the episodes that scored it); the target dashed.
+  Legend samples carry the series' colours.
 * ``throughput.png``: one small panel per algorithm with its env steps per second on a
   scale of its own (PPO's 170k steps/s would flatten SAC's 3k on a shared one), and one
   of the pods training at once, whole pods, stacked by algorithm.
@@ -33,6 +34,7 @@ from podracer.chart_data import (
     pods_series,
     pyplot,
     rounds,
+    spend_at,
     steps_so_far,
     throughput_series,
 )
@@ -83,17 +85,16 @@ def tournament_figure(entries: list[Entry], start: float, target: float | None =
 
     colour = colours(sorted({e.algorithm for e in entries}))
     spent = steps_so_far(entries)
-    own = {e.id: e for e in entries}
+    at = spend_at(entries)
     fig, (by_time, by_steps) = plt.subplots(2, 1, sharey=True, figsize=(10, 8.4))
 
-    def steps_curve(r: Any, _t: float, steps: int) -> float | None:
-        # a round's evaluations end at its own checkpoint, r.env_steps after it began
-        return spent[r.init_id] - r.env_steps + steps if r.init_id in own else None
+    def steps_curve(r: Any, t: float, _steps: int) -> float | None:
+        return at(r.start + t)  # where the run was when the round evaluated
 
     views: list[tuple[Any, Where, Callable[[Any, float, int], float | None], float]] = [
         (by_time, lambda e: e.created - start, lambda r, t, _s: r.start - start + t,
          max(end_of(entries) - start, 1e-3)),
-        (by_steps, lambda e: float(spent[e.id]), steps_curve, float(max(spent.values())))]
+        (by_steps, lambda e: spent[e.id], steps_curve, max(spent.values()))]
     best = best_entry(entries)
     for ax, x, curve_x, horizon in views:
         has_curves, has_edges = _lineages(ax, entries, x, colour, curve_x)

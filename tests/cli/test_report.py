@@ -158,11 +158,13 @@ def test_the_tournament_has_an_env_steps_view_a_spread_and_coloured_legend(
     fig = tournament_figure(entries, run_start(entries), target=-100.0)
     by_time, by_steps = fig.axes
     assert "seconds" in by_time.get_xlabel() and "env steps" in by_steps.get_xlabel()
-    # the env-steps view puts each checkpoint at the steps spent when it came: a0, b0, a1
+    # the env-steps view puts each checkpoint at the steps the run had spent when it came,
+    # rounds still training counted by the share of their span run so far: a0 at 10 s
+    # (its 1000, half of b0's 2000), b0 at 15 s (3000, 4 s of a1's 11: 400), a1 at 22 s
     dots = [tuple(map(tuple, c.get_offsets())) for c in by_steps.collections
             if isinstance(c, PathCollection)]
     xs = sorted(x for series in dots for x, _ in series)
-    assert xs == [1000.0, 3000.0, 4100.0], xs
+    assert xs == pytest.approx([2000.0, 3400.0, 4100.0]), xs
     # the spread: a band around the best line and error bars of the rises (std 1.0)
     assert any(isinstance(c, PolyCollection) for c in by_time.collections)
     bars = [c for c in by_time.collections if c.__class__.__name__ == "LineCollection"]
