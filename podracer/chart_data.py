@@ -12,6 +12,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from broker.core.extras import require
 from leaderboard.store import Entry
 
@@ -130,11 +132,12 @@ def spend_at(entries: list[Entry]) -> Callable[[float], float]:
     steps, those of one still training then by the share of its span run so far (a
     round collects at a steady rate, near enough), so a round that ends while a long one
     runs beside it sits where the run was, not where the stored checkpoints were."""
-    spans = [(e.created - e.wall_time, e.created, e.env_steps) for e in entries]
+    end = np.array([e.created for e in entries], dtype=np.float64)
+    length = np.array([max(e.wall_time, 1e-9) for e in entries], dtype=np.float64)
+    steps = np.array([e.env_steps for e in entries], dtype=np.float64)
 
     def at(moment: float) -> float:
-        return sum(steps if moment >= end else steps * (moment - begin) / (end - begin)
-                   for begin, end, steps in spans if moment > begin)
+        return float(steps @ np.clip((moment - end + length) / length, 0.0, 1.0))
     return at
 
 
