@@ -80,8 +80,11 @@ Tasks and scoring (see ``benchmarks.tournament_runs`` for the details):
   this run (``-`` when Stable-Baselines3 is not installed or that row was not run).
 * ``halfcheetah`` (``gym/HalfCheetah-v5``), ``hopper`` (``gym/Hopper-v5``): no target;
   each run gets its full budget (300 s, ``--budget``); the score is a 10-episode
-  deterministic, seeded re-evaluation of the run's best checkpoint (tournament and lone
-  pods: the leaderboard's top-1). Columns: score / best tuned lone agent's score (the
+  deterministic, seeded re-evaluation of the run's answer (tournament and lone pods:
+  ``leaderboard.answer``, the leaderboard's top-1 or the ensemble of its top that the
+  updater measured significantly better at the run's end; each row's best checkpoint
+  alone is printed under the table, on the same episodes; ``benchmarks.answer`` makes
+  the answer again on finished runs' stores). Columns: score / best tuned lone agent's score (the
   ``ppo``/``sac``/``td3`` row with the best mean in this run), whether the row beats
   every random-hparam row run, and its std / the std of the best tuned lone row that has
   2+ runs (``sac`` in the minimum plan).
@@ -211,7 +214,10 @@ def _describe(r: RunResult) -> str:
             + (f" draw {r.draw}" if r.draw is not None else "")
             + f": target at {fmt(r.time_to_target)} s (confirm {fmt(r.confirm)}, "
             f"{r.refuted} claims refuted), "
-            f"score {fmt(r.score)} (in training {fmt(r.in_training_best)}, {r.algorithm}), "
+            f"score {fmt(r.score)} (in training {fmt(r.in_training_best)}, "
+            f"{r.answer or r.algorithm}"
+            + (f"; best checkpoint alone {fmt(r.single_score)}"
+               if r.answer.startswith("ensemble") else "") + "), "
             f"{r.env_steps} steps, {r.checkpoints} ckpts, wall {r.wall:.1f} s"
             + (f" ERROR {r.error}" if r.error else ""))
 

@@ -180,6 +180,25 @@ def training_lines(rows: dict[str, Row]) -> list[str]:
     return lines
 
 
+def answer_lines(rows: dict[str, Row]) -> list[str]:
+    """Per row, how often the run's answer was an ensemble of its top
+    (``leaderboard.answer``) and what the best checkpoint alone scored on the same
+    episodes: the rows' scores are their answers', and this is what each would have
+    scored without the ensemble."""
+    lines = []
+    for method, row in rows.items():
+        runs = [r for r in row.runs if not r.failed and r.single_score is not None]
+        if not runs:
+            continue
+        alone = Row(method, runs, [r.single_score for r in runs if r.single_score is not None],
+                    0)
+        ensembles = sum(r.answer.startswith("ensemble") for r in runs)
+        lines.append(f"the run's answer, {method}: an ensemble in {ensembles} of {len(runs)} "
+                     f"run(s); the best checkpoint alone {alone.cell()} ("
+                     + ", ".join(f"s{r.seed} {r.single_score:.1f}" for r in runs) + ")")
+    return lines
+
+
 def speed_line(rows: dict[str, Row]) -> str | None:
     """The machine's speed, read off the lone rows: env steps per second of training,
     a mean over runs (``None``: no lone row ran). Tables of different days compare
@@ -213,7 +232,7 @@ def report(tasks: list[Task], budgets: dict[str, float], results: list[RunResult
         speed = speed_line(rows)
         out += [speed] if speed else []
         out += _pool_lines(rows)
-        out += training_lines(rows) if task.target is None else []
+        out += training_lines(rows) + answer_lines(rows) if task.target is None else []
         out.append("per run (time to target s/confirm, claims refuted before it):"
                    if task.target is not None else "per run (score):")
         out += _raw(task, rows)

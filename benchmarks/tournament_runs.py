@@ -51,6 +51,8 @@ from agents.registry import default_registry
 from broker.core.schemas import Budget
 from broker.core.settings import default_experiment, settings_from_env
 from envs.registry import make_env
+from leaderboard.answer import answer_of
+from leaderboard.export import Policy, policy_from_store
 from leaderboard.mutation import fresh_hparams
 from leaderboard.store import Entry, LeaderboardStore
 from leaderboard.updater import MEASURE_EPISODES
@@ -154,7 +156,13 @@ class RunResult:
     seed: int
     draw: int | None = None
     algorithm: str = ""
-    """The algorithm of the scored checkpoint."""
+    """The algorithm of the best checkpoint."""
+    answer: str = ""
+    """The scored policy, the run's answer (``leaderboard.answer``): the best checkpoint's
+    algorithm, or ``ensemble of sac, td3, sac``."""
+    single_score: float | None = None
+    """The best checkpoint alone, scored as ``score`` (equal to it unless the answer is an
+    ensemble)."""
     hparams: dict[str, Scalar] = dataclasses.field(default_factory=dict)
     time_to_target: float | None = None
     confirm: float | None = None
@@ -224,6 +232,17 @@ def reevaluate(env_name: str, algorithm: str, hparams: Mapping[str, Scalar],
                             {**hparams, "num_envs": episodes}, env, CPU, 0, state)
         with torch.no_grad():
             return evaluate(lambda obs: agent.act(obs, True), env, episodes, seed=seed).mean
+    finally:
+        env.close()
+
+
+def score_policy(env_name: str, policy: Policy, episodes: int = EVAL_EPISODES,
+                 seed: int = EVAL_SEED) -> float:
+    """Mean return of ``policy`` (one checkpoint or an ensemble) on the episodes
+    ``reevaluate`` scores a checkpoint on."""
+    env = make_env(env_name, episodes, CPU)
+    try:
+        return evaluate(policy, env, episodes, seed=seed).mean
     finally:
         env.close()
 
@@ -315,9 +334,16 @@ def run_tournament(task: Task, seed: int, budget: float, out: Path, *,
             result.best_steps = sum(e.env_steps for e in lineage)
             result.best_seconds = sum(e.wall_time for e in lineage)
             result.algorithm, result.hparams = best.algorithm, dict(best.hparams)
-            result.in_training_best = best.score_mean
-            result.score = reevaluate(task.env, best.algorithm, best.hparams,
-                                      store.load_state(best))
+            result.single_score = reevaluate(task.env, best.algorithm, best.hparams,
+                                             store.load_state(best))
+            chosen = answer_of(store)  # the run's answer: what train() reports and returns
+            assert chosen is not None  # the store holds entries
+            algos = [e.algorithm for e in map(store.get, chosen.members) if e is not None]
+            result.answer = (f"ensemble of {', '.join(algos)}" if chosen.ensemble
+                             else best.algorithm)
+            result.in_training_best = chosen.score_mean
+            result.score = (score_policy(task.env, policy_from_store(store, chosen.members))
+                            if chosen.ensemble else result.single_score)
         hit = _first_hit(entries, task.target) if task.target is not None else None
         if task.target is not None:
             result.refuted = len(_refuted(entries, task.target, hit))

@@ -12,9 +12,9 @@ ensemble's average (clipped) or vote. The weights travel as parameters of the fi
 * TorchScript: ``torch.jit.load(path)(obs)``; needs only torch.
 
 Weak ensemble members: a top-k ensemble averages (or votes) its members equally, so a
-member scoring far below the best pulls the ensemble down (a -1238 member next to a -171
-best). ``split_weak`` keeps the members within ``tolerance * max(|best|, 1)`` of the
-best; the others are left out unless the user insists (``--keep-weak``).
+member scoring far below the best pulls the ensemble down. ``leaderboard.answer.split_weak``
+keeps the members within ``tolerance * max(|best|, 1)`` of the best; the others are left
+out unless the user insists (``--keep-weak``).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from broker.core.errors import ConfigError
+from leaderboard.answer import split_weak
 from leaderboard.export import Policy
 from leaderboard.store import Entry, short_id
 
@@ -39,22 +40,8 @@ log = logging.getLogger(__name__)
 
 FORMATS = ("policy", "onnx", "torchscript")
 """``policy``: Podracer's own file (``leaderboard.export``); the others: this module."""
-WEAK_TOLERANCE = 0.5
-"""A member is weak when it scores more than this fraction of ``max(|best|, 1)`` below
-the best (Pendulum: best -171 keeps members down to -256)."""
 INPUT, OUTPUT = "obs", "action"
 """The names of the exported graph's input and output."""
-
-
-def split_weak(entries: Sequence[Entry], tolerance: float = WEAK_TOLERANCE
-               ) -> tuple[list[Entry], list[Entry]]:
-    """``entries`` (best first) split into the members to keep and the weak ones."""
-    if not entries:
-        return [], []
-    best = entries[0].score_mean
-    floor = best - tolerance * max(abs(best), 1.0)
-    kept = [e for e in entries if e.score_mean >= floor]
-    return kept, [e for e in entries if e.score_mean < floor]
 
 
 class PolicyModule(nn.Module):

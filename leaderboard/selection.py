@@ -96,10 +96,17 @@ def significantly_better(challenger: Entry, incumbent: Entry, episodes: int,
     """Whether ``challenger`` scores higher than ``incumbent`` at significance ``alpha``
     (one-sided Welch t-test, ``episodes`` evaluation episodes behind each score). With
     one episode a side there is no spread to test: the higher mean wins."""
+    return significantly_higher(challenger.score_mean, challenger.score_std,
+                                incumbent.score_mean, incumbent.score_std, episodes, alpha)
+
+
+def significantly_higher(mean_a: float, std_a: float, mean_b: float, std_b: float,
+                         episodes: int, alpha: float = 0.05) -> bool:
+    """``significantly_better`` on numbers: whether ``a`` is higher than ``b`` at
+    significance ``alpha``, ``episodes`` episodes (population stds) behind each."""
     if episodes < 2:
-        return challenger.score_mean > incumbent.score_mean
-    t, df = welch(challenger.score_mean, challenger.score_std, episodes,
-                  incumbent.score_mean, incumbent.score_std, episodes)
+        return mean_a > mean_b
+    t, df = welch(mean_a, std_a, episodes, mean_b, std_b, episodes)
     if not math.isfinite(t):
         return t > 0
     if not math.isfinite(df):

@@ -3,7 +3,8 @@
 Schema 1: the checkpoints and issued tables; 2 added ``score_claimed`` and
 ``reevaluated`` (``leaderboard.claims``); 3 added ``pool_rows``
 (``Checkpoint.pool_rows``); 4 added the ``issued`` table's ``reason`` (why the planner
-issued the round: ``leaderboard.population.Plan.reason``). A store of an older schema is
+issued the round: ``leaderboard.population.Plan.reason``); 5 added the ``answer`` table (the
+run's answer at the end of each session: ``leaderboard.answer``). A store of an older schema is
 migrated in place when opened, its older rows taking each new column's default.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 DB_NAME = "leaderboard.sqlite"
 """The SQLite file under the store's root."""
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The schema this build writes (``PRAGMA user_version``)."""
 
 COLUMNS = ("id", "parent_id", "experiment", "init_id", "pod", "algorithm", "env", "hparams",
@@ -59,6 +60,13 @@ CREATE TABLE IF NOT EXISTS issued (
     issued REAL NOT NULL,
     reason TEXT
 );
+CREATE TABLE IF NOT EXISTS answer (
+    measured REAL NOT NULL,
+    members TEXT NOT NULL,
+    score_mean REAL NOT NULL,
+    score_std REAL NOT NULL,
+    episodes INTEGER NOT NULL
+);
 """
 """The tables and indexes of the current schema."""
 
@@ -67,6 +75,7 @@ MIGRATIONS = {
         "ALTER TABLE checkpoints ADD COLUMN reevaluated INTEGER NOT NULL DEFAULT 0"),
     2: ("ALTER TABLE checkpoints ADD COLUMN pool_rows INTEGER NOT NULL DEFAULT 0",),
     3: ("ALTER TABLE issued ADD COLUMN reason TEXT",),
+    4: (),  # the answer table: created by the DDL
 }
 """Schema N -> the statements that take a store of schema N to N + 1."""
 

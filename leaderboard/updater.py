@@ -39,11 +39,11 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
-from agents.base import AlgorithmRegistry
+from agents.base import Agent, AlgorithmRegistry
 from agents.build import Resolved, resolve
 from agents.evaluator import HoldsOutValidation, evaluate, torch_threads
 from broker.core.blobstore import FileBlobStore
@@ -67,9 +67,12 @@ from broker.transports.connect import Connector
 from envs.base import VecEnv
 from envs.registry import make_env
 from envs.spaces import spaces_of
+from leaderboard import answer
 from leaderboard.claims import ClaimCheck, Settled
 from leaderboard.contract import StateContract
+from leaderboard.export import Policy, PolicyMember
 from leaderboard.janitor import SWEEP_EVERY_S, release_refused, sweep_orphans
+from leaderboard.selection import ranked
 from leaderboard.store import Entry, LeaderboardStore, Retention, short_id
 
 log = logging.getLogger(__name__)
@@ -107,6 +110,11 @@ measured 6909 on 8 episodes and 5746 on the benchmark's 10. A session has one pa
 on HalfCheetah 32 episodes of a 256x256 policy take 3-4 s once the pods are done."""
 MAX_HOLD_S = 15 * 60.0
 """A checkpoint held this long during a store outage goes back to the queue."""
+
+
+def acting(agent: Agent) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``agent``'s deterministic actions."""
+    return lambda obs: agent.act(obs, True)
 
 
 def _never(mean: float, std: float, episodes: int) -> bool:
@@ -216,18 +224,21 @@ class Updater:
 
     def _measure_state(self, resolved: Resolved, state: Mapping[str, torch.Tensor],
                        settled: Settled) -> tuple[float, float]:
+        return self._measure_act(acting(self._agent(resolved, state)), settled)
+
+    def _agent(self, resolved: Resolved, state: Mapping[str, torch.Tensor]) -> Agent:
+        """The agent of a stored or received state, built for the measurement's envs."""
+        first, _ = self._envs(self.measure_episodes)
+        return resolved.build(first.single_observation_space, first.single_action_space,
+                              torch.device("cpu"), 0, state,
+                              config=dataclasses.replace(resolved.config, num_envs=1))
+
+    def _measure_act(self, act: Callable[[torch.Tensor], torch.Tensor],
+                     settled: Settled) -> tuple[float, float]:
         first, rest = self._envs(self.measure_episodes)
         try:
-            agent = resolved.build(first.single_observation_space,
-                                   first.single_action_space, torch.device("cpu"), 0,
-                                   state,
-                                   config=dataclasses.replace(resolved.config, num_envs=1))
             # reproducible mode: every candidate meets the same seeded episodes
             seed = self.experiment.seed if self.experiment.reproducible else None
-
-            def act(obs: torch.Tensor) -> torch.Tensor:
-                return agent.act(obs, True)
-
             with torch_threads(MEASURE_THREADS):
                 result = evaluate(act, first, first.num_envs, seed=seed)
                 if rest is not None and not settled(result.mean, result.std, result.episodes):
@@ -241,25 +252,63 @@ class Updater:
 
     def final_measure(self, k: int = FINAL_TOP) -> list[tuple[Entry, float]]:
         """Measure the top ``k`` again on all their episodes and rank them by it
-        (``FINAL_TOP``); each (entry as it was, new mean). Nothing for a run with a
-        target (its stop was a measured claim) or an env scored on held-out windows (its
-        one measurement ran them all)."""
+        (``FINAL_TOP``), then record the run's answer (``answer``); each (entry as it
+        was, new mean). Nothing for a run with a target (its stop was a measured claim)
+        or an env scored on held-out windows (its one measurement ran them all)."""
         if self.experiment.target_score is not None:
             return []
         _, rest = self._envs(self.measure_episodes)
         if rest is None:
             return []
         measured = []
+        agents: dict[str, Agent] = {}
         for entry in self.store.top(k):
             try:
                 state = self.store.load_state(entry)
             except BlobError:  # pruned or lost: it keeps the score it has
                 continue
-            mean, std = self._measure_state(resolve(self.registry, entry.algorithm,
-                                                    entry.hparams), state, _never)
+            agent = self._agent(resolve(self.registry, entry.algorithm, entry.hparams), state)
+            mean, std = self._measure_act(acting(agent), _never)
             self.store.rescore(entry.id, mean, std)
             measured.append((entry, mean))
+            agents[entry.id] = agent
+        if agents:
+            answer.record(self.store, self.choose_answer(agents))
         return measured
+
+    def choose_answer(self, agents: Mapping[str, Agent]) -> answer.Answer:
+        """The run's answer among the entries of ``agents`` (measured on all their
+        episodes): the best alone, or their ensemble (weak members left out) when it
+        measures significantly higher on as many fresh episodes (``leaderboard.answer``)."""
+        top = ranked([e for e in map(self.store.get, agents) if e is not None])
+        best = self.store.best()
+        assert best is not None  # the entries of ``agents`` are stored
+        if best.id != top[0].id:  # one below the top k now leads, on its earlier score
+            return answer.Answer((best.id,), best.score_mean, best.score_std, 0, answer.now())
+        episodes = self.measure_episodes
+        single = answer.Answer((best.id,), best.score_mean, best.score_std, episodes,
+                               answer.now())
+        members, _ = answer.split_weak(top)
+        if len(members) < 2:
+            return single
+        first, _ = self._envs(episodes)
+        try:
+            policy = Policy(self.experiment.env,
+                            [PolicyMember(e.id, e.algorithm, dict(e.hparams), e.score_mean)
+                             for e in members], [agents[e.id] for e in members],
+                            first.single_action_space, torch.device("cpu"),
+                            first.single_observation_space)
+        except ConfigError:  # an action space that no ensemble averages or votes
+            return single
+        mean, std = self._measure_act(policy, _never)
+        ensemble = answer.Answer(tuple(e.id for e in members), mean, std, episodes,
+                                 answer.now())
+        chosen = answer.choose(single, ensemble)
+        log.info("the ensemble of the top %d measured %.4g ± %.3g, the best alone %.4g ± %.3g "
+                 "(%d episodes each): %s", len(members), mean, std, single.score_mean,
+                 single.score_std, episodes, "the ensemble is the answer" if chosen.ensemble
+                 else "not significantly higher, the best alone is the answer")
+        return chosen
 
     async def finish(self) -> None:
         """The run's last word on its best (``final_measure``), logged and announced; a
@@ -277,6 +326,10 @@ class Updater:
                  ", ".join(f"{short_id(e.id, 8)} {e.score_mean:.4g} -> {mean:.4g}"
                            for e, mean in measured),
                  short_id(news.best_id, 8), news.best_score)
+        chosen = await asyncio.to_thread(answer.current, self.store)
+        if chosen is not None:
+            log.info("the run's answer: %s at %.4g ± %.3g (%d episodes)", chosen.describe(),
+                     chosen.score_mean, chosen.score_std, chosen.episodes)
         try:
             await self.transport.publish_event("leaderboard.changed", news)
         except BrokerError as exc:

@@ -49,9 +49,11 @@ class TrainingResult:
     leaderboard: list[Entry]
     """The top-K checkpoints, best first (``id``, ``algorithm``, ``score_mean``, ...)."""
     policy: Policy
-    """The best checkpoint as a policy: ``policy.predict(obs)``."""
+    """The run's answer as a policy, ``policy.predict(obs)``: its best checkpoint, or the
+    ensemble of its top that measured significantly better (``leaderboard.answer``;
+    ``policy.members`` names them)."""
     best_score: float
-    """The best checkpoint's mean evaluation return."""
+    """The answer's mean evaluation return."""
     stop_reason: str | None
     """Why the run stopped (target reached, budget spent, ...)."""
     seconds: float
@@ -140,6 +142,7 @@ def train(env: str | None = None, algos: Algos | None = None, budget: str | None
     the set-up cannot work, ``TrainingFailed`` when the run stored no checkpoint.
     """
     from broker.core.settings import Settings, whole_number
+    from leaderboard.answer import answer_of
     from leaderboard.export import policy_from_store
     from leaderboard.store import LeaderboardStore
     from podracer.preflight import preflight
@@ -161,6 +164,8 @@ def train(env: str | None = None, algos: Algos | None = None, budget: str | None
         if not rows:
             raise TrainingFailed(f"the run in {run_dir} stored no checkpoint "
                                  f"(stop: {done.stop_reason}); see {run_dir / 'logs'}")
-        policy = policy_from_store(store, [rows[0].id])
-    return TrainingResult(run_dir, rows, policy, rows[0].score_mean, done.stop_reason,
+        chosen = answer_of(store)
+        assert chosen is not None  # the store holds rows
+        policy = policy_from_store(store, chosen.members)
+    return TrainingResult(run_dir, rows, policy, chosen.score_mean, done.stop_reason,
                           done.seconds)

@@ -22,6 +22,8 @@ PALETTE = {"ppo": "tab:blue", "sac": "tab:orange", "td3": "tab:green", "ddpg": "
 """Podracer's algorithms keep their colour from chart to chart and run to run."""
 _SPARE = ("tab:pink", "tab:olive", "tab:cyan", "tab:gray")
 TARGET_COLOUR = "crimson"
+ANSWER_COLOUR = "gold"
+"""The run's answer, when it is an ensemble (``leaderboard.answer``)."""
 
 
 def env_label(env: str) -> str:

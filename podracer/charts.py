@@ -6,8 +6,9 @@
   share of their span run so far: ``chart_data.spend_at``); a thin edge from each parent
   to its child (a lineage); each round's in-round evaluations faint behind; the
   leaderboard's best as a black step line in a band, with error bars, of its evaluation's
-  standard deviation (the spread of the episodes that scored it); the target dashed.
-  Legend samples carry the series' colours.
+  standard deviation (the spread of the episodes that scored it); the target dashed; a
+  gold star at the run's end when its answer is an ensemble of its top
+  (``leaderboard.answer``). Legend samples carry the series' colours.
 * ``throughput.png``: one small panel per algorithm with its env steps per second on a
   scale of its own (PPO's 170k steps/s would flatten SAC's 3k on a shared one), and one
   of the pods training at once, whole pods, stacked by algorithm.
@@ -22,8 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from leaderboard.answer import Answer
 from leaderboard.store import Entry, short_id
 from podracer.chart_data import (
+    ANSWER_COLOUR,
     TARGET_COLOUR,
     best_entry,
     best_rises,
@@ -75,8 +78,10 @@ def _best(ax: Any, entries: list[Entry], x: Where, horizon: float) -> Any:
     return ax.step(xs, mean, where="post", color="black", lw=2, alpha=0.85, zorder=3)[0]
 
 
-def tournament_figure(entries: list[Entry], start: float, target: float | None = None) -> Any:
-    """The figure of ``tournament.png`` (see the module doc)."""
+def tournament_figure(entries: list[Entry], start: float, target: float | None = None,
+                      answer: Answer | None = None) -> Any:
+    """The figure of ``tournament.png`` (see the module doc); an ``answer`` that is an
+    ensemble (``leaderboard.answer``) is a star at the run's right edge."""
     plt = pyplot()
     from matplotlib.legend_handler import HandlerTuple
     from matplotlib.lines import Line2D
@@ -96,6 +101,7 @@ def tournament_figure(entries: list[Entry], start: float, target: float | None =
          max(end_of(entries) - start, 1e-3)),
         (by_steps, lambda e: spent[e.id], steps_curve, max(spent.values()))]
     best = best_entry(entries)
+    ensemble = answer if answer is not None and answer.ensemble else None
     for ax, x, curve_x, horizon in views:
         has_curves, has_edges = _lineages(ax, entries, x, colour, curve_x)
         dots = {a: ax.scatter([x(e) for e in entries if e.algorithm == a],
@@ -103,6 +109,10 @@ def tournament_figure(entries: list[Entry], start: float, target: float | None =
                               color=c, edgecolors="white", linewidths=0.7, zorder=4)
                 for a, c in colour.items()}
         line = _best(ax, entries, x, horizon)
+        if ensemble is not None:
+            ax.scatter([horizon], [ensemble.score_mean], marker="*", s=190,
+                       color=ANSWER_COLOUR, edgecolors="black", linewidths=0.6, zorder=6,
+                       clip_on=False)
         if target is not None:
             ax.axhline(target, color=TARGET_COLOUR, ls="--", lw=1.2, zorder=0)
         left = x(best) < horizon / 2  # the label on the side with room, off the y ticks
@@ -120,7 +130,9 @@ def tournament_figure(entries: list[Entry], start: float, target: float | None =
     by_steps.set_xlabel("env steps the run had spent when the checkpoint came")
     by_steps.xaxis.set_major_formatter(EngFormatter(sep=""))
     by_time.set_title(f"Podracer tournament on {env_label(entries[0].env)}: "
-                      f"{plural(len(entries), 'checkpoint')}, best {best.score_mean:.1f}")
+                      f"{plural(len(entries), 'checkpoint')}, best {best.score_mean:.1f}"
+                      + ("" if ensemble is None else f"; answer {ensemble.score_mean:.1f} "
+                         f"(an ensemble of {len(ensemble.members)})"))
     every = tuple(colour.values())
     handles: list[Any] = [dots[a] for a in colour]
     labels = [f"{a} ({plural(sum(e.algorithm == a for e in entries), 'checkpoint')})"
@@ -134,6 +146,12 @@ def tournament_figure(entries: list[Entry], start: float, target: float | None =
         labels.append("evaluations within a round")
     handles.append((Patch(color="black", alpha=0.12, lw=0), line))
     labels.append("leaderboard best ± std of its eval episodes")
+    if ensemble is not None:
+        handles.append(Line2D([], [], marker="*", ls="", ms=12, color=ANSWER_COLOUR,
+                              markeredgecolor="black", markeredgewidth=0.6))
+        labels.append(f"the run's answer: the ensemble of its top {len(ensemble.members)}\n"
+                      f"{ensemble.score_mean:.1f} ± {ensemble.score_std:.1f} over "
+                      f"{ensemble.episodes} fresh episodes")
     if target is not None:
         handles.append(Line2D([], [], color=TARGET_COLOUR, ls="--", lw=1.2))
         labels.append(f"target {target:g}")
@@ -206,9 +224,9 @@ def _save(fig: Any, path: Path) -> None:
 
 
 def plot_tournament(entries: list[Entry], start: float, path: Path,
-                    target: float | None = None) -> None:
+                    target: float | None = None, answer: Answer | None = None) -> None:
     """Draw ``tournament.png`` (see the module doc) to ``path``."""
-    _save(tournament_figure(entries, start, target), path)
+    _save(tournament_figure(entries, start, target, answer), path)
 
 
 def plot_throughput(entries: list[Entry], start: float, path: Path) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.core.errors import ConfigError
+from leaderboard.answer import answer_of, current
 from leaderboard.store import DB_NAME, Entry, LeaderboardStore, short_id
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,18 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
         print(f"leaderboard {root}: top {len(entries)} of {store.count()} checkpoint(s)")
         if entries:
             print(leaderboard_table(entries))
+        chosen = current(store)
+        if chosen is not None and chosen.ensemble:
+            print(f"the run's answer: {chosen.describe()}, {chosen.score_mean:.1f} ± "
+                  f"{chosen.score_std:.1f} over {chosen.episodes} episodes, measured "
+                  "above the best alone (`podracer export` writes it)")
     return 0
+
+
+def answer_members(store: LeaderboardStore) -> list[str]:
+    """The run's answer's checkpoint ids (``leaderboard.answer``); none in an empty store."""
+    chosen = answer_of(store)
+    return list(chosen.members) if chosen is not None else []
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -161,11 +173,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     from leaderboard.deploy import choose_members, export_deployable, max_difference
     from leaderboard.export import export_policy, policy_from_store, resolve_entry
 
-    top = positive(args.top, "--top")
+    top = 1 if args.top is None else positive(args.top, "--top")
     with open_store(store_dir(args.store, args.experiment, args.name)) as store:
-        entries = ([resolve_entry(store, i, "--id") for i in args.id] if args.id
-                   else store.top(top))
-        chosen, note = choose_members(entries, keep_weak=args.keep_weak or bool(args.id))
+        if args.id:
+            entries = [resolve_entry(store, i, "--id") for i in args.id]
+        elif args.top is not None:
+            entries = store.top(top)
+        else:  # the run's answer: its members were chosen when it was measured
+            entries = [e for e in map(store.get, answer_members(store)) if e is not None]
+        chosen, note = choose_members(entries, keep_weak=args.keep_weak or args.top is None)
         ids = [e.id for e in chosen]
         checked = ""
         if args.format == "policy":
@@ -198,7 +214,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         policy = load_policy(args.path, device, env=args.env)
     elif args.store or args.id or args.experiment or args.name:
         with open_store(store_dir(args.store, args.experiment, args.name)) as store:
-            policy = policy_from_store(store, [args.id] if args.id else [], device)
+            policy = policy_from_store(store, [args.id] if args.id else answer_members(store),
+                                       device)
     else:
         raise ConfigError("PATH", "nothing to evaluate",
                           "give a file from `podracer export`, or --store DIR [--id ID]")
@@ -263,7 +280,9 @@ def add_commands(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]
 
     p = sub.add_parser("export", help="write the best checkpoint(s) as a policy file")
     add_place(p)
-    p.add_argument("--top", type=int, default=1, help="ensemble of the K best (default 1)")
+    p.add_argument("--top", type=int, default=None,
+                   help="ensemble of the K best (default: the run's answer, its best "
+                   "checkpoint or the ensemble of its top that measured better at its end)")
     p.add_argument("--id", action="append", metavar="ID",
                    help="export this checkpoint (repeat for an ensemble; prefixes are fine; "
                    "default: the --top best)")
@@ -279,7 +298,7 @@ def add_commands(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]
     p = sub.add_parser("evaluate", help="score an exported policy (or a stored checkpoint)")
     p.add_argument("path", nargs="?", metavar="PATH", help="file written by `podracer export`")
     add_place(p)
-    p.add_argument("--id", help="with --store: this checkpoint (default: the best)")
+    p.add_argument("--id", help="with --store: this checkpoint (default: the run's answer)")
     p.add_argument("--episodes", type=int, default=32, help="episodes (default 32)")
     p.add_argument("--env", help="evaluate on this env (default: the policy's)")
     p.add_argument("--seed", type=int, default=0, help="reset seed (default 0)")

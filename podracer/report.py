@@ -25,6 +25,7 @@ from typing import Any
 
 from broker.core.errors import ConfigError
 from broker.core.extras import MissingExtra
+from leaderboard.answer import Answer, answer_of, current
 from leaderboard.store import Entry, LeaderboardStore, short_id
 from podracer.chart_data import (  # noqa: F401  (re-exported: the report's data helpers)
     PALETTE,
@@ -48,17 +49,21 @@ class Summary:
 
     checkpoints: int
     best_score: float | None
+    """The run's answer's score (``leaderboard.answer``): its best checkpoint's, or the
+    ensemble's that measured better."""
     best_id: str | None
     charts: tuple[Path, ...] = ()
     """The PNGs drawn (none without checkpoints or without the ``viz`` extra)."""
+    answer: Answer | None = None
+    """The run's answer (None while the store is empty)."""
 
 
 def draw(entries: list[Entry], out: Path, start: float,
-         target: float | None = None) -> list[Path]:
+         target: float | None = None, answer: Answer | None = None) -> list[Path]:
     """Write both charts of ``entries`` (not empty) into ``out``; return their paths."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "tournament.png", out / "throughput.png"]
-    plot_tournament(entries, start, paths[0], target)
+    plot_tournament(entries, start, paths[0], target, answer)
     if end_of(entries) > start:
         plot_throughput(entries, start, paths[1])
     else:
@@ -88,15 +93,16 @@ def write_report(out: Path, started_wall: float, *, target: float | None = None)
     with LeaderboardStore(out) as store:
         entries = store.entries()
         best = store.best()
+        chosen = answer_of(store)
     charts: list[Path] = []
     if entries:
         try:
-            charts = draw(entries, out, started_wall, target)
+            charts = draw(entries, out, started_wall, target, chosen)
         except MissingExtra as exc:
             print(f"podracer: no charts drawn: {exc}; then `podracer report --store {out}`",
                   flush=True)
-    return Summary(len(entries), best.score_mean if best else None, best.id if best else None,
-                   tuple(charts))
+    return Summary(len(entries), chosen.score_mean if chosen else None,
+                   best.id if best else None, tuple(charts), chosen)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -112,11 +118,13 @@ def cmd_report(args: argparse.Namespace) -> int:
                           "pass --store with the run directory of an experiment") from None
     with store:
         entries = store.entries()
+        answer = current(store)
     if not entries:
         print(f"{root}: no checkpoints yet")
         return 0
     start = run_start(entries)
-    for path in draw(entries, Path(args.chart_dir) if args.chart_dir else root, start, args.target):
+    for path in draw(entries, Path(args.chart_dir) if args.chart_dir else root, start,
+                     args.target, answer):
         print(path)
     print(summary_line(entries, start))
     return 0

@@ -34,7 +34,7 @@ from podracer import resume as resuming
 from podracer.modes import DEFAULT_QUEUE_EXPIRY_S
 from podracer.monitor import Monitor
 from podracer.outcome import NO_CHECKPOINT, charts_text
-from podracer.report import write_report
+from podracer.report import Summary, write_report
 from podracer.resume import already_done, time_left
 from podracer.run_dir import EXPERIMENT_FILE, has_run, read_sessions
 
@@ -151,6 +151,14 @@ def _train(settings: Settings, out: Path, *, progress: bool,
     return _report(out, sessions, monitor, code, state, started)
 
 
+def _ensemble_text(summary: Summary) -> str:
+    """`` (an ensemble of 3 (...), measured above the best checkpoint alone)`` when the
+    run's answer is one (``leaderboard.answer``), else nothing."""
+    if summary.answer is None or not summary.answer.ensemble:
+        return ""
+    return f" ({summary.answer.describe()}, measured above the best checkpoint alone)"
+
+
 def _report(out: Path, sessions: run_dir.Sessions, monitor: Monitor, code: int, state: str,
             started: float) -> TrainResult:
     """Charts of the whole run (from its first session on) and the summary line."""
@@ -162,7 +170,8 @@ def _report(out: Path, sessions: run_dir.Sessions, monitor: Monitor, code: int, 
     ended = "FAILED" if code else "interrupted" if state == "interrupted" else "done"
     print(f"podracer: {ended} after {console.duration(seconds)}: "
           f"{console.plural(result.checkpoints, 'checkpoint')}, best "
-          f"{console.score(result.best_score)}, {resuming.spent_in(out).env_steps:,} env steps; "
+          f"{console.score(result.best_score)}{_ensemble_text(summary)}, "
+          f"{resuming.spent_in(out).env_steps:,} env steps; "
           f"stop: {result.stop_reason or state}; {charts_text(summary.charts)}"
           + (f"; go on with `podracer train --resume {out}`" if state == "interrupted" else ""),
           flush=True)

@@ -184,6 +184,35 @@ def test_the_tournament_has_an_env_steps_view_a_spread_and_coloured_legend(
     plt.close(fig)
 
 
+def test_an_ensemble_answer_is_a_star_at_the_run_s_end(tmp_path: Path) -> None:
+    """The run's answer, when an ensemble (``leaderboard.answer``), is marked at the
+    right edge of both panels, in the title and the legend; one checkpoint is not."""
+    from matplotlib.collections import PathCollection
+
+    from leaderboard.answer import Answer
+    from podracer.charts import tournament_figure
+
+    _tournament(tmp_path)
+    with LeaderboardStore(tmp_path) as store:
+        entries = store.entries()
+    ensemble = Answer(("a1", "b0"), -150.0, 0.5, 32)
+    fig = tournament_figure(entries, run_start(entries), answer=ensemble)
+    for ax in fig.axes:
+        stars = [c for c in ax.collections if isinstance(c, PathCollection)
+                 and tuple(c.get_offsets()[0])[1] == -150.0]
+        assert len(stars) == 1
+        assert stars[0].get_offsets()[0][0] == pytest.approx(ax.get_xlim()[1] / 1.02)
+    assert "answer -150.0 (an ensemble of 2)" in fig.axes[0].get_title()
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert any(label.startswith("the run's answer: the ensemble of its top 2") for label in labels)
+    single = tournament_figure(entries, run_start(entries), answer=Answer(("a1",), -200.0, 0.5, 32))
+    assert "answer" not in single.axes[0].get_title()
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    plt.close(single)
+
+
 def test_a_chart_names_a_stock_env_by_its_file_not_its_windows() -> None:
     from podracer.chart_data import env_label
 

@@ -15,6 +15,7 @@ import torch
 
 from broker.core.schemas import Budget, Checkpoint, Initialization
 from broker.core.settings import default_experiment
+from leaderboard.answer import current
 from leaderboard.claims import (
     ClaimCheck,
     ClaimRefused,
@@ -357,6 +358,7 @@ def test_the_final_measurement_ranks_the_top_on_all_their_episodes(tmp_path: Pat
         updater.close()
         after = {e.id: e for e in s.entries()}
         best = s.best()
+        chosen = current(s)
 
     def true_score(checkpoint: Checkpoint) -> float:
         vec = make_env(env, MEASURE_EPISODES, "cpu")
@@ -376,3 +378,6 @@ def test_the_final_measurement_ranks_the_top_on_all_their_episodes(tmp_path: Pat
         assert entry.reevaluated and entry.score_claimed == checkpoint.score_mean
     assert after[lucky[3].id].score_mean == -10.0 and not after[lucky[3].id].reevaluated
     assert best is not None and best.id == lucky[3].id
+    # the run's answer: the leaderboard's best, which now is one the measurement passed
+    # by (its earlier score stands): no ensemble is weighed against it
+    assert chosen is not None and chosen.members == (best.id,) and chosen.episodes == 0

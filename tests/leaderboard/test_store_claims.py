@@ -15,6 +15,7 @@ import torch
 from broker.core.errors import SchemaError
 from broker.core.fields import MAX_COUNT
 from broker.core.schemas import Checkpoint, from_wire
+from leaderboard.answer import answer_of
 from leaderboard.janitor import ORPHAN_AGE_S, sweep_orphans
 from leaderboard.spent import ROUND_CAP_S
 from leaderboard.store import DB_NAME, SCHEMA_VERSION, LeaderboardStore, Retention, spent
@@ -80,9 +81,11 @@ def test_a_schema_1_store_is_migrated_in_place(tmp_path: Path) -> None:
         assert [e.id for e in store.top(2)] == ["new", "old"]
     with LeaderboardStore(tmp_path) as again:  # reopening a migrated store is a no-op
         assert again.count() == 2
-        assert again.query("PRAGMA user_version")[0][0] == SCHEMA_VERSION == 4
+        assert again.query("PRAGMA user_version")[0][0] == SCHEMA_VERSION == 5
         assert again.get("old").pool_rows == 0  # type: ignore[union-attr]
         assert [c[1] for c in again.query("PRAGMA table_info(issued)")][-1] == "reason"
+        # schema 5's answer table: none recorded, so the answer is the best checkpoint
+        assert answer_of(again).members == ("new",)  # type: ignore[union-attr]
 
 
 def test_retention_keeps_a_minority_algorithms_best_head(tmp_path: Path) -> None:
