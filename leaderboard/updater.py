@@ -304,7 +304,7 @@ class Updater:
         ensemble = answer.Answer(tuple(e.id for e in members), mean, std, episodes,
                                  answer.now())
         chosen = answer.choose(single, ensemble)
-        log.info("the ensemble of the top %d measured %.4g ± %.3g, the best alone %.4g ± %.3g "
+        log.info("the ensemble of the top %d measured %.1f ± %.1f, the best alone %.1f ± %.1f "
                  "(%d episodes each): %s", len(members), mean, std, single.score_mean,
                  single.score_std, episodes, "the ensemble is the answer" if chosen.ensemble
                  else "not significantly higher, the best alone is the answer")

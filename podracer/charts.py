@@ -131,8 +131,8 @@ def tournament_figure(entries: list[Entry], start: float, target: float | None =
     by_steps.xaxis.set_major_formatter(EngFormatter(sep=""))
     by_time.set_title(f"Podracer tournament on {env_label(entries[0].env)}: "
                       f"{plural(len(entries), 'checkpoint')}, best {best.score_mean:.1f}"
-                      + ("" if ensemble is None else f"; answer {ensemble.score_mean:.1f} "
-                         f"(an ensemble of {len(ensemble.members)})"))
+                      + ("" if ensemble is None else f"\nthe run's answer {ensemble.score_mean:.1f}"
+                         f" (an ensemble of {len(ensemble.members)})"))
     every = tuple(colour.values())
     handles: list[Any] = [dots[a] for a in colour]
     labels = [f"{a} ({plural(sum(e.algorithm == a for e in entries), 'checkpoint')})"

@@ -202,7 +202,7 @@ def test_an_ensemble_answer_is_a_star_at_the_run_s_end(tmp_path: Path) -> None:
                  and tuple(c.get_offsets()[0])[1] == -150.0]
         assert len(stars) == 1
         assert stars[0].get_offsets()[0][0] == pytest.approx(ax.get_xlim()[1] / 1.02)
-    assert "answer -150.0 (an ensemble of 2)" in fig.axes[0].get_title()
+    assert "the run's answer -150.0 (an ensemble of 2)" in fig.axes[0].get_title()
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert any(label.startswith("the run's answer: the ensemble of its top 2") for label in labels)
     single = tournament_figure(entries, run_start(entries), answer=Answer(("a1",), -200.0, 0.5, 32))
