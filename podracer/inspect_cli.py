@@ -1,9 +1,13 @@
 """Inspection commands of ``podracer``: leaderboard, export, evaluate (``status`` is in
 ``podracer.status_cli``), and where their store is.
 
-* ``leaderboard``: the top-K table, or the lineage of one checkpoint.
-* ``export``: the best checkpoint (or a top-K ensemble) as one policy file.
-* ``evaluate``: a policy file (or a stored checkpoint) scored deterministically.
+* ``leaderboard``: the top-K table (and the run's answer when it is an ensemble), or the
+  lineage of one checkpoint.
+* ``export``: the run's answer (``leaderboard.answer``: its best checkpoint, or the
+  ensemble of its top that measured better), a top-K ensemble, or chosen checkpoints, as
+  one policy file.
+* ``evaluate``: a policy file (or the run's answer, or a stored checkpoint) scored
+  deterministically.
 
 Where things are: ``--name`` is the experiment's name, ``--experiment`` its file (default
 ``PODRACER_EXPERIMENT_FILE``, then Podracer's default experiment); ``--store`` defaults
@@ -168,8 +172,9 @@ def answer_members(store: LeaderboardStore) -> list[str]:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """Write the best checkpoint (or a top-K ensemble, or ``--id`` entries) to ``--out``,
-    as a policy file or, with ``--format``, an ONNX / TorchScript graph."""
+    """Write the run's answer (``leaderboard.answer``; or a top-K ensemble, or ``--id``
+    entries) to ``--out``, as a policy file or, with ``--format``, an ONNX / TorchScript
+    graph."""
     from leaderboard.deploy import choose_members, export_deployable, max_difference
     from leaderboard.export import export_policy, policy_from_store, resolve_entry
 
@@ -278,14 +283,15 @@ def add_commands(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]
     add_common(p)
     p.set_defaults(func=cmd_leaderboard)
 
-    p = sub.add_parser("export", help="write the best checkpoint(s) as a policy file")
+    p = sub.add_parser("export", help="write the run's answer (or chosen checkpoints) as a "
+                       "policy file")
     add_place(p)
     p.add_argument("--top", type=int, default=None,
                    help="ensemble of the K best (default: the run's answer, its best "
                    "checkpoint or the ensemble of its top that measured better at its end)")
     p.add_argument("--id", action="append", metavar="ID",
                    help="export this checkpoint (repeat for an ensemble; prefixes are fine; "
-                   "default: the --top best)")
+                   "default: the run's answer, or the --top best)")
     p.add_argument("--out", required=True, help="file to write (required)")
     p.add_argument("--format", choices=("policy", "onnx", "torchscript"), default="policy",
                    help="policy: Podracer's file (default); onnx / torchscript: a graph "
