@@ -184,6 +184,24 @@ def test_the_tournament_has_an_env_steps_view_a_spread_and_coloured_legend(
     plt.close(fig)
 
 
+def test_the_summary_and_the_last_line_give_the_run_s_answer(tmp_path: Path) -> None:
+    """``podracer train``'s summary scores the run by its answer: an ensemble recorded at
+    the run's end replaces the best checkpoint's score and is named on the last line."""
+    from leaderboard.answer import Answer, now, record
+    from podracer.train import _ensemble_text
+
+    _tournament(tmp_path)
+    alone = write_report(tmp_path, started_wall=T0 - 2.0)
+    assert alone.best_score == -200.0 and _ensemble_text(alone) == ""
+    with LeaderboardStore(tmp_path) as store:
+        record(store, Answer(("a1", "b0"), -150.0, 3.0, 32, now()))
+    summary = write_report(tmp_path, started_wall=T0 - 2.0)
+    assert summary.best_score == -150.0 and summary.best_id == "a1"
+    assert summary.answer is not None and summary.answer.members == ("a1", "b0")
+    assert _ensemble_text(summary) == (" (an ensemble of 2 (a1, b0), measured above the best "
+                                       "checkpoint alone)")
+
+
 def test_an_ensemble_answer_is_a_star_at_the_run_s_end(tmp_path: Path) -> None:
     """The run's answer, when an ensemble (``leaderboard.answer``), is marked at the
     right edge of both panels, in the title and the legend; one checkpoint is not."""
