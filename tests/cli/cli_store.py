@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from agents.base import Agent
@@ -73,3 +74,12 @@ def build_store(root: Path) -> dict[str, dict[str, torch.Tensor]]:
                 generation=row.generation, created=1000.0 + i,
                 pool_rows=row.pool * agent.env_steps))
     return states
+
+
+def module_store(factory: pytest.TempPathFactory, name: str = "store") -> Path:
+    """A module's store of ``ROWS`` (``build_store``), in a fresh directory of
+    ``factory``, built with one torch thread."""
+    torch.set_num_threads(1)
+    root = factory.mktemp(name)
+    build_store(root)
+    return root

@@ -7,21 +7,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from broker.core import codec
 from podracer.cli import main
-from tests.cli.cli_store import ENV, ROWS, build_store
+from tests.cli.cli_store import ENV, ROWS, module_store
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
 def store_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("store")
-    build_store(root)
-    return root
+    return module_store(tmp_path_factory)
 
 
 def _rows(text: str) -> list[list[str]]:

@@ -22,7 +22,7 @@ from leaderboard.deploy import export_onnx, export_torchscript
 from leaderboard.export import Policy, PolicyMember, policy_from_store
 from leaderboard.store import LeaderboardStore
 from podracer.cli import main
-from tests.cli.cli_store import ROWS, build_store
+from tests.cli.cli_store import ROWS, module_store
 
 pytestmark = pytest.mark.timeout(120)
 TOLERANCE = 1e-5
@@ -30,10 +30,7 @@ TOLERANCE = 1e-5
 
 @pytest.fixture(scope="module")
 def store_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("store")
-    build_store(root)
-    return root
+    return module_store(tmp_path_factory)
 
 
 def _obs(n: int = 64) -> np.ndarray:

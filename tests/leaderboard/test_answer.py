@@ -19,7 +19,7 @@ from leaderboard.answer import Answer, answer_of, choose, current, record
 from leaderboard.export import policy_from_store
 from leaderboard.store import LeaderboardStore
 from podracer.cli import main
-from tests.cli.cli_store import ROWS, build_store
+from tests.cli.cli_store import ROWS, build_store, module_store
 from tests.reliability.reliability_states import ppo_checkpoint, ppo_state
 
 pytestmark = pytest.mark.timeout(180)
@@ -30,10 +30,7 @@ BY_SCORE = sorted(ROWS, key=lambda r: -r.score)
 
 @pytest.fixture(scope="module")
 def store_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("answer-store")
-    build_store(root)
-    return root
+    return module_store(tmp_path_factory, "answer-store")
 
 
 def test_the_ensemble_is_the_answer_only_when_it_measures_significantly_higher() -> None:
