@@ -14,7 +14,11 @@ machine). Rows:
   leader at equal training, by the best checkpoint's algorithm, or by the leader while
   its best is near the best checkpoint (``population.keeper``); ``tournament-warmnewest``:
   with a fresh member's warm start from the newest pool rows, not off-policy rows first
-  (``pool_warm_from``); ``tournament-nextpod``: with a new keeper's idle best lineage
+  (``pool_warm_from``); ``tournament-intakeall``, ``tournament-intakeoffpolicy``,
+  ``tournament-intakenone``: with a training member taking every other member's new
+  pool rows, only those off-policy learners collected, or none (``pool_intake``);
+  ``tournament-sac1pod``: SAC alone on one pod in the tournament's rounds;
+  ``tournament-nextpod``: with a new keeper's idle best lineage
   taking the next free pod while the last keeper's long round runs
   (``population.handover``); ``tournament-standinlong``, ``tournament-standinround``:
   with the last keeper's lineage standing in for a new keeper whose head is busy for a

@@ -79,6 +79,9 @@ TOURNAMENTS: dict[str, Mapping[str, Any]] = {
     "tournament-keepbest": {"population.keeper": "best"},
     "tournament-keepnear": {"population.keeper": "near"},
     "tournament-warmnewest": {"pool_warm_from": "newest"},
+    "tournament-intakeall": {"pool_intake": "all"},
+    "tournament-intakeoffpolicy": {"pool_intake": "off-policy"},
+    "tournament-intakenone": {"pool_intake": "none"},
     "tournament-keeperown": {"pool_keeper": False},
     "tournament-nextpod": {"population.handover": "next-pod"},
     "tournament-standinlong": {"population.stand_in": "long"},
@@ -93,6 +96,7 @@ TOURNAMENTS: dict[str, Mapping[str, Any]] = {
     "tournament-envthreads1": {"env_kwargs": {"num_threads": 1}},
     "tournament-envthreadsall": {"env_kwargs": {"num_threads": len(os.sched_getaffinity(0))}},
     "tournament-sac": {"algos": {"sac": 1}},
+    "tournament-sac1pod": {"algos": {"sac": 1}, "pods": 1},
 }
 """The tournament rows: the default ``podracer train``, and the same with one experiment
 override (``Experiment.with_overrides`` keys): without the shared experience pool (the
@@ -101,6 +105,8 @@ intake its own (``pool_own_share``), and with the leader's pod kept by the leade
 equal training, by the best checkpoint's algorithm, or by the leader near the best
 (``population.keeper``), and with a fresh member's warm start from the newest pool rows
 whoever wrote them (``pool_warm_from``; the default takes off-policy rows first), and
+with a training member taking every other member's new rows, only off-policy learners',
+or none (``pool_intake``), and
 with the leader's kept lineage learning from its own data only (``pool_keeper``), and
 with a new keeper taking the next free pod (``population.handover``), and with the last
 keeper's lineage standing in for a busy new keeper for a long round or for one round
@@ -113,7 +119,9 @@ MuJoCo copies stepped on one thread or on every CPU (``env_kwargs.num_threads``,
 tasks only; by default on the node's CPUs shared among its pods,
 ``podracer.train.fit_to_machine``), and with SAC alone in the mix (``algos``: the
 tournament of the lone row's algorithm, its pods all SAC lineages, so that the price of
-measuring the other algorithms shows apart from the rest); the rows keep their meaning
+measuring the other algorithms shows apart from the rest), and with one pod of it (the
+lone SAC pod in the tournament's rounds: what rounds cost a lineage apart from the
+pool and the other pod); the rows keep their meaning
 whatever the default)."""
 MEASURE_SEED = 54_321
 """Seeds of a lone agent's claim measurements (``measure_claim``), apart from ``EVAL_SEED``."""

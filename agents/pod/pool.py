@@ -234,11 +234,12 @@ class ExperiencePool:
             keep[rest] = True
             return self._gather(held[keep])
 
-    def read_since(self, cursor: int, limit: int, skip_writer: int
-                   ) -> tuple[PoolRows, int, int]:
+    def read_since(self, cursor: int, limit: int, skip_writer: int,
+                   off_policy_only: bool = False) -> tuple[PoolRows, int, int]:
         """Rows of writers other than ``skip_writer`` written at or after ``cursor`` (a
-        count of rows ever written): at most the newest ``limit``. Returns the rows, the
-        new cursor and how many such rows were lost (overwritten or beyond ``limit``)."""
+        count of rows ever written), with ``off_policy_only`` only those an off-policy
+        learner collected: at most the newest ``limit``. Returns the rows, the new cursor
+        and how many such rows were lost (overwritten or beyond ``limit``)."""
         with self._locked() as got:
             total = int(self._meta[0]) if got else cursor
             oldest = max(0, total - self.capacity)
@@ -246,6 +247,8 @@ class ExperiencePool:
             start = max(cursor, oldest)
             index = torch.arange(start, total) % self.capacity
             index = index[self.writer[index] != skip_writer]
+            if off_policy_only:
+                index = index[self.off_policy[index]]
             over_limit = max(0, int(index.shape[0]) - limit)
             rows = self._gather(index[over_limit:])
         # overwritten rows may have been the reader's own: count them all as skipped
@@ -255,9 +258,12 @@ class ExperiencePool:
 class PoolReader:
     """One consumer's cursor into an ``ExperiencePool`` (see the module doc)."""
 
-    def __init__(self, pool: ExperiencePool, writer: int) -> None:
+    def __init__(self, pool: ExperiencePool, writer: int, off_policy_only: bool = False
+                 ) -> None:
+        """``off_policy_only``: take only rows an off-policy learner collected."""
         self.pool = pool
         self.writer = writer
+        self.off_policy_only = off_policy_only
         self.cursor = pool.written
         self.read = 0
         """Rows this reader took."""
@@ -266,7 +272,8 @@ class PoolReader:
 
     def take(self, limit: int) -> PoolRows:
         """Up to ``limit`` rows others wrote since the last ``take``, newest kept."""
-        rows, self.cursor, lost = self.pool.read_since(self.cursor, max(0, limit), self.writer)
+        rows, self.cursor, lost = self.pool.read_since(self.cursor, max(0, limit), self.writer,
+                                                       self.off_policy_only)
         self.read += len(rows)
         self.skipped += lost
         return rows

@@ -50,7 +50,9 @@ from agents.pod.pool import ExperiencePool, PoolReader, PoolRows
 from broker.core.errors import ConfigError
 from broker.core.experiment import (
     DEFAULT_POOL_OWN_SHARE,
+    POOL_INTAKES,
     POOL_WARM_FROM,
+    checked_pool_intake,
     checked_pool_warm_from,
 )
 from envs.base import EnvWrapper, StepResult, VecEnv
@@ -137,13 +139,16 @@ class PoolLink:
 
     def __init__(self, pool: ExperiencePool, agent: Agent, envs: list[RecordingEnv],
                  own_share: float = DEFAULT_POOL_OWN_SHARE,
-                 warm_from: str = POOL_WARM_FROM[0], learn: bool = True) -> None:
+                 warm_from: str = POOL_WARM_FROM[0], learn: bool = True,
+                 intake: str = POOL_INTAKES[0]) -> None:
         """``learn=False``: the round's rows still go to the pool, tagged, but its agent
-        takes none (``Initialization.pooled``)."""
+        takes none (``Initialization.pooled``); ``intake``: which of the others' new rows
+        it takes as it trains (``broker.core.experiment.POOL_INTAKES``)."""
         if not 0.0 < own_share <= 1.0:
             raise ConfigError("pool_own_share", f"must be in (0, 1], got {own_share}",
                               "e.g. 0.5: half of what enters a buffer is the member's own")
         checked_pool_warm_from(warm_from)
+        checked_pool_intake(intake)
         self.pool = pool
         self.envs = envs
         self.own_share = own_share
@@ -154,7 +159,8 @@ class PoolLink:
         self.learners = [a for a in learners
                          if to_agent_scale(a, torch.zeros(1, pool.action.shape[1])) is not None
                          ] if learn else []
-        self.readers = [PoolReader(pool, writer) for _ in self.learners]
+        self.readers = [PoolReader(pool, writer, off_policy_only=intake == "off-policy")
+                        for _ in self.learners] if intake != "none" else []
         self.warm_rows = 0
         """Rows the round started from (an empty buffer filled from the pool)."""
         for learner in self.learners:
@@ -179,7 +185,7 @@ class PoolLink:
         own = recorded - self._recorded
         self._recorded = recorded
         limit = min(MAX_INGEST_ROWS, math.floor(own * (1.0 - self.own_share) / self.own_share))
-        for learner, reader in zip(self.learners, self.readers, strict=True):
+        for learner, reader in zip(self.learners, self.readers, strict=False):
             self._ingested += _add(learner, reader.take(limit))
         taken = self.pool_rows
         return {"pool/rows": float(len(self.pool)),
@@ -201,13 +207,14 @@ def record_envs(pool: ExperiencePool | None, env_name: str, agent_envs: list[Vec
 
 
 def link_agent(pool: ExperiencePool | None, agent: Agent, envs: list[VecEnv],
-               own_share: float, warm_from: str, learn: bool = True) -> PoolLink | None:
+               own_share: float, warm_from: str, learn: bool = True,
+               intake: str = POOL_INTAKES[0]) -> PoolLink | None:
     """The round's ``PoolLink`` when ``record_envs`` wrapped its envs, else ``None``;
     ``learn=False``: it only tags what the round writes (``PoolLink``)."""
     recording = [env for env in envs if isinstance(env, RecordingEnv)]
     if pool is None or not recording:
         return None
-    return PoolLink(pool, agent, recording, own_share, warm_from, learn)
+    return PoolLink(pool, agent, recording, own_share, warm_from, learn, intake)
 
 
 def unwrap(env: VecEnv) -> VecEnv:

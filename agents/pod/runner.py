@@ -40,7 +40,7 @@ from agents.pod.pool_link import link_agent, record_envs, unwrap
 from agents.pod.round import Progress, RoundResult, train_round
 from agents.replay import ReplayBuffer
 from broker.core.errors import EnvUnavailable
-from broker.core.experiment import DEFAULT_POOL_OWN_SHARE, POOL_WARM_FROM
+from broker.core.experiment import DEFAULT_POOL_OWN_SHARE, POOL_INTAKES, POOL_WARM_FROM
 from broker.core.schemas import Budget
 from broker.runtime.faults import Fault, Faulted, Verdict, fault_of, judge, one_line
 from envs.base import VecEnv
@@ -107,6 +107,8 @@ class RunnerConfig:
     """Least share of a learner's new data that is its own (``agents.pod.pool_link``)."""
     pool_warm_from: str = POOL_WARM_FROM[0]
     """Which pool rows an empty buffer starts from (``broker.core.experiment.POOL_WARM_FROM``)."""
+    pool_intake: str = POOL_INTAKES[0]
+    """Which of the others' new rows a learner takes (``broker.core.experiment.POOL_INTAKES``)."""
     seeded_eval: bool = False
     """Evaluate on episodes seeded from the round's seed (reproducible mode): the same
     agent then gets the same score in every run."""
@@ -208,7 +210,8 @@ class RoundRunner:
             raise fault_of(exc, unknown=Fault.MESSAGE) from None
         try:
             link = link_agent(self.config.pool, agent, envs, self.config.pool_own_share,
-                              self.config.pool_warm_from, learn=job.pooled)
+                              self.config.pool_warm_from, learn=job.pooled,
+                              intake=self.config.pool_intake)
             result = train_round(agent, envs[0], eval_env, job.budget,
                                  eval_every_s=self.config.eval_every_s, on_progress=report,
                                  should_stop=should_stop,

@@ -342,7 +342,7 @@ def make_worker(settings: Settings, registry: AlgorithmRegistry, kind: str,
     config = RunnerConfig(device=str(settings.torch_device()), eval_episodes=exp.eval_episodes,
                           learners=exp.learners, torch_threads=settings.torch_threads,
                           pool=pool, pool_own_share=exp.pool_own_share,
-                          pool_warm_from=exp.pool_warm_from)
+                          pool_warm_from=exp.pool_warm_from, pool_intake=exp.pool_intake)
     if exp.reproducible:  # no decision by the clock: one evaluation at the round's end
         config = dataclasses.replace(config, eval_every_s=None, snapshot_every_s=None,
                                      seeded_eval=True)

@@ -12,7 +12,7 @@ import dataclasses
 import math
 import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,12 @@ the newest whoever wrote them. Measured on Hopper-v5 (``benchmarks.warm_start``,
 TD3's 40-s round, 3 seeds interleaved): from a pool of a 30-s SAC round's rows, then a
 30-s PPO round's (the newer, as in a tournament), ``off-policy`` scored 279 (261, 261,
 314) against 140 (191, 192, 38) for the newest rows, and 190 without the pool."""
+
+POOL_INTAKES = ("all", "off-policy", "none")
+"""Values of ``pool_intake``, the default first: which of the others' new pool rows an
+off-policy member takes after each iteration (``agents.pod.pool_link``), within its
+``pool_own_share``. ``all`` takes them whoever wrote them, ``off-policy`` only those an
+off-policy learner collected, ``none`` none (the pool then only starts empty buffers)."""
 
 Check = Callable[["Experiment"], None]
 """Validates an experiment against the program's registries; raises ``ConfigError``."""
@@ -116,6 +122,8 @@ class Experiment:
     """Least share of a member's new data that is its own (``agents.pod.pool_link``)."""
     pool_warm_from: str = POOL_WARM_FROM[0]
     """Which pool rows an empty buffer starts from: one of ``POOL_WARM_FROM``."""
+    pool_intake: str = POOL_INTAKES[0]
+    """Which of the others' new rows a member takes as it trains: one of ``POOL_INTAKES``."""
     pool_keeper: bool = True
     """The leader's kept lineage (``leaderboard.population``, ``KEEPER``) learns from the
     pool too; ``false``: from its own data only, while it still writes to the pool."""
@@ -146,7 +154,8 @@ class Experiment:
             "eval_episodes": self.eval_episodes, "device": self.device, "seed": self.seed,
             "learners": self.learners, "experience_pool": self.experience_pool,
             "pool_mib": self.pool_mib, "pool_own_share": self.pool_own_share,
-            "pool_warm_from": self.pool_warm_from, "pool_keeper": self.pool_keeper,
+            "pool_warm_from": self.pool_warm_from, "pool_intake": self.pool_intake,
+            "pool_keeper": self.pool_keeper,
             "tracking": list(self.tracking),
             "selection": {"name": self.selection.name, **self.selection.params},
             "population": dataclasses.asdict(self.population),
@@ -376,12 +385,22 @@ def _device(value: str) -> str:
     raise ConfigError("device", f"unknown device {value!r}", "use auto, cpu, cuda or cuda:N")
 
 
+def checked_choice(field: str, value: str, choices: Sequence[str]) -> str:
+    """``value`` if it is one of ``choices``, else ``ConfigError`` naming ``field``."""
+    if value in choices:
+        return value
+    raise ConfigError(field, f"unknown value {value!r}",
+                      f"use {' or '.join(repr(v) for v in choices)}")
+
+
 def checked_pool_warm_from(value: str) -> str:
     """``value`` if it is one of ``POOL_WARM_FROM``, else ``ConfigError`` naming the field."""
-    if value in POOL_WARM_FROM:
-        return value
-    raise ConfigError("pool_warm_from", f"unknown value {value!r}",
-                      f"use {' or '.join(repr(v) for v in POOL_WARM_FROM)}")
+    return checked_choice("pool_warm_from", value, POOL_WARM_FROM)
+
+
+def checked_pool_intake(value: str) -> str:
+    """``value`` if it is one of ``POOL_INTAKES``, else ``ConfigError`` naming the field."""
+    return checked_choice("pool_intake", value, POOL_INTAKES)
 
 
 def parse_experiment(data: Mapping[str, Any], check: Check | None = None) -> Experiment:
@@ -421,6 +440,7 @@ def parse_experiment(data: Mapping[str, Any], check: Check | None = None) -> Exp
         pool_own_share=top.number("pool_own_share", DEFAULT_POOL_OWN_SHARE, 0.0, 1.0,
                                   positive=True) or DEFAULT_POOL_OWN_SHARE,
         pool_warm_from=checked_pool_warm_from(top.string("pool_warm_from", POOL_WARM_FROM[0])),
+        pool_intake=checked_pool_intake(top.string("pool_intake", POOL_INTAKES[0])),
         pool_keeper=top.boolean("pool_keeper", True),
         tracking=_tracking(top.raw("tracking", ["tensorboard"])),
         env_kwargs=_env_kwargs(top.table("env_kwargs")),

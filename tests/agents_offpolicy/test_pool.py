@@ -109,6 +109,18 @@ def test_a_reader_sees_only_others_rows_since_its_cursor_and_counts_what_it_skip
     assert reader.skipped == 1 + 12 and reader.read == 3 + 3 + 8
 
 
+def test_a_reader_of_off_policy_rows_only_passes_over_the_on_policy_ones() -> None:
+    pool = _pool(16)
+    reader = PoolReader(pool, writer=1, off_policy_only=True)
+    _write(pool, 0, 3, writer=2)  # PPO's
+    _write(pool, 3, 2, writer=3, off_policy=True)  # TD3's
+    _write(pool, 5, 2, writer=2)
+    assert reader.take(100).reward.tolist() == [3, 4]
+    assert reader.take(100).reward.tolist() == []  # passed over, not kept for later
+    _write(pool, 7, 3, writer=3, off_policy=True)
+    assert reader.take(2).reward.tolist() == [8, 9] and reader.skipped == 1
+
+
 def test_a_lock_held_by_a_dead_writer_drops_the_step_instead_of_stalling(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("agents.pod.pool.LOCK_TIMEOUT_S", 0.05)
@@ -172,7 +184,7 @@ def test_ppo_rollouts_feed_the_pool_with_final_obs_and_terminations_apart() -> N
 
 
 def _linked_sac(others: int, own_share: float, off_policy_others: int = 0,
-                warm_from: str = "off-policy", learn: bool = True
+                warm_from: str = "off-policy", learn: bool = True, intake: str = "all"
                 ) -> tuple[ExperiencePool, SACAgent, RecordingEnv, PoolLink]:
     """A fresh SAC member (buffer of 500) linked to a pool where other writers already
     wrote ``off_policy_others`` rows of off-policy learners, then ``others`` rows of an
@@ -186,7 +198,7 @@ def _linked_sac(others: int, own_share: float, off_policy_others: int = 0,
     env.single_action_space = ACT
     recording = RecordingEnv(env, pool, writer=pool.new_writer())
     return pool, agent, recording, PoolLink(pool, agent, [recording], own_share, warm_from,
-                                            learn)
+                                            learn, intake)
 
 
 def test_an_off_policy_member_starts_from_the_pool_and_keeps_its_own_share() -> None:
@@ -212,6 +224,21 @@ def test_a_round_that_does_not_learn_from_the_pool_still_writes_to_it_tagged() -
     assert metrics["pool/ingested"] == 0 and metrics["pool/share_of_data"] == 0.0
     newest = pool.newest(4)
     assert len(newest) == 4 and bool(newest.off_policy.all())  # written, as off-policy
+
+
+@pytest.mark.parametrize(("intake", "taken"), [("all", 12), ("off-policy", 5), ("none", 0)])
+def test_a_member_takes_the_others_rows_its_intake_names(intake: str, taken: int) -> None:
+    pool, agent, recording, link = _linked_sac(300, own_share=0.25, intake=intake)
+    assert link.warm_rows == 300  # every intake starts an empty buffer from the pool
+    _write(pool, 300, 95, writer=9)  # an on-policy member's rows
+    _write(pool, 395, 5, writer=8, off_policy=True)  # an off-policy member's
+    agent.train_iteration(recording)  # type: ignore[arg-type]
+    metrics = link.sync()
+    assert len(agent.buffer) == 300 + 4 + taken and metrics["pool/ingested"] == 300 + taken
+    if intake == "off-policy":
+        assert agent.buffer.reward[304:309].tolist() == [395, 396, 397, 398, 399]
+    with pytest.raises(ConfigError, match="pool_intake"):
+        _linked_sac(10, own_share=0.75, intake="some")
 
 
 def test_actions_map_to_each_consumer_scale() -> None:
