@@ -21,8 +21,10 @@
     the limit makes the fall rarer, not impossible. Which rows: by default the newest
     of those off-policy learners wrote first (``broker.core.experiment.POOL_WARM_FROM``);
   - after every iteration (``sync``), each off-policy learner of a compatible action
-    space takes the rows others wrote since its cursor via ``add_transitions``, at most
-    ``own_share``-bounded: ``own_rows * (1 - own_share) / own_share`` per iteration, so
+    space takes the rows others wrote since its cursor via ``add_transitions`` (with
+    ``pool_intake = "off-policy"`` only those off-policy learners wrote, with ``"none"``
+    none: ``broker.core.experiment.POOL_INTAKES``), at most ``own_share``-bounded:
+    ``own_rows * (1 - own_share) / own_share`` per iteration, so
     in the steady state at least ``own_share`` of what enters its buffer is its own
     recent data (its own policy's state distribution, which its critic must get right
     to improve that policy; SEARL's ablation found fully shared data works). The
@@ -185,8 +187,9 @@ class PoolLink:
         own = recorded - self._recorded
         self._recorded = recorded
         limit = min(MAX_INGEST_ROWS, math.floor(own * (1.0 - self.own_share) / self.own_share))
-        for learner, reader in zip(self.learners, self.readers, strict=False):
-            self._ingested += _add(learner, reader.take(limit))
+        if self.readers:  # none with ``intake = "none"``
+            for learner, reader in zip(self.learners, self.readers, strict=True):
+                self._ingested += _add(learner, reader.take(limit))
         taken = self.pool_rows
         return {"pool/rows": float(len(self.pool)),
                 "pool/feed_rows_per_s": self.pool.feed_rate(),
