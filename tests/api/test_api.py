@@ -17,7 +17,9 @@ from agents.build import build_agent, resolve_config
 from agents.registry import default_registry
 from broker.core.errors import ConfigError
 from envs.registry import make_env
+from leaderboard.answer import answer_of
 from leaderboard.export import Policy, PolicyMember
+from leaderboard.store import LeaderboardStore
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parents[2]
@@ -123,7 +125,11 @@ def test_train_inside_a_running_event_loop(tmp_path: Path,
     result = asyncio.run(notebook_cell())
     assert result.out == Path("runs") / "pendulum-v1-2"
     assert result.leaderboard and result.leaderboard[0].algorithm == "ppo"
-    assert result.best_score == result.leaderboard[0].score_mean
+    with LeaderboardStore(result.out, create=False) as store:
+        chosen = answer_of(store)  # the best checkpoint, or an ensemble measured better
+    assert chosen is not None and result.best_score == chosen.score_mean
+    assert [m.id for m in result.policy.members] == list(chosen.members)
+    assert chosen.members[0] == result.leaderboard[0].id
     scores = [e.score_mean for e in result.leaderboard]
     assert scores == sorted(scores, reverse=True)
     assert result.policy.predict(np.zeros(3, dtype=np.float32)).shape == (1,)
