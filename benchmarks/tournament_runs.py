@@ -97,6 +97,7 @@ TOURNAMENTS: dict[str, Mapping[str, Any]] = {
     "tournament-envthreadsall": {"env_kwargs": {"num_threads": len(os.sched_getaffinity(0))}},
     "tournament-sac": {"algos": {"sac": 1}},
     "tournament-sac1pod": {"algos": {"sac": 1}, "pods": 1},
+    "tournament-keeperthree": {"population.keeper_round": "three-rounds"},
 }
 """The tournament rows: the default ``podracer train``, and the same with one experiment
 override (``Experiment.with_overrides`` keys): without the shared experience pool (the

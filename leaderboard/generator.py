@@ -19,10 +19,13 @@ state, hyperparameters):
 * a branch carries that reference with hyperparameters mutated inside the
   algorithm's search space (PBT exploit/explore). Pinned hyperparameters of the
   experiment are never mutated;
-* a round on the leader's pod of its own (``Plan.keeper``) is ``KEEPER_ROUNDS`` rounds
-  long (a long one reports intermediate bests: ``agents.pod.runner.SNAPSHOT_EVERY_S``)
-  and, with ``pool_keeper = false``, learns from its own data only (``Initialization.
-  pooled``).
+* a round on the leader's pod of its own (``Plan.keeper``) runs until the run's time
+  budget ends (``keeper_budget``; with ``population.keeper_round = "three-rounds"``,
+  ``KEEPER_ROUNDS`` rounds), reporting intermediate bests as it goes
+  (``agents.pod.runner.SNAPSHOT_EVERY_S``), unless another lineage is to keep the pod:
+  the generator then publishes ``control.yield`` naming it (``Planner.yields``, looked at
+  before every issue) and the pod ends it. With ``pool_keeper = false`` it learns from
+  its own data only (``Initialization.pooled``).
 
 Start and stop: the planner derives the population from the store alone, so a
 generator that starts on an existing store (``podracer train --resume``, or a
@@ -46,7 +49,7 @@ from agents.base import AlgorithmRegistry, config_from_hparams, config_to_hparam
 from broker.core.blobstore import FileBlobStore
 from broker.core.errors import BlobError, BrokerError, MessageError, TransientError
 from broker.core.experiment import Experiment
-from broker.core.schemas import Budget, Initialization
+from broker.core.schemas import Budget, Initialization, Yield
 from broker.core.settings import Settings
 from broker.runtime.control import sleep_or_stop, watch_stop
 from broker.runtime.service import ServiceContext
@@ -54,7 +57,13 @@ from broker.transports.base import Transport
 from broker.transports.connect import Connector
 from leaderboard.claims import record_issued
 from leaderboard.mutation import fresh_hparams, mutate_hparams
-from leaderboard.population import KEEPER_ROUNDS, Plan, Planner, PopulationConfig
+from leaderboard.population import (
+    KEEPER_ROUNDS,
+    UNTIL_YIELDED,
+    Plan,
+    Planner,
+    PopulationConfig,
+)
 from leaderboard.selection import SelectionRegistry
 from leaderboard.store import LeaderboardStore
 
@@ -68,13 +77,21 @@ DISCARD_PREFETCH = 16
 """Initializations taken at once while discarding the waiting ones."""
 DISCARD_WAIT_S = 0.3
 """Discarding ends when nothing arrived this long and the queue has none ready."""
+LOST_AFTER_S = 120.0
+"""A round is given up for lost (dropped, dead-lettered) this long after its budget."""
 READY_ROUNDS = 3
 """With ``population.ready_s = 0``, a lineage is judged after this many rounds."""
 
 
-def keeper_budget(budget: Budget) -> Budget:
-    """The budget of a round on the leader's pod: ``KEEPER_ROUNDS`` rounds
-    (``leaderboard.population``)."""
+def keeper_budget(experiment: Experiment) -> Budget:
+    """The budget of a round on the leader's pod (``leaderboard.population``): with
+    ``keeper_round = "until-yielded"`` the run's whole time budget (the run's stop or a
+    ``control.yield`` ends it sooner; the pod caps it at ``MAX_ROUND_S``), else, and
+    without a time budget or in reproducible mode, ``KEEPER_ROUNDS`` rounds."""
+    budget, total = experiment.round_budget, experiment.total_budget.seconds
+    if experiment.population.keeper_round == UNTIL_YIELDED and total is not None \
+            and not experiment.reproducible:
+        return Budget(seconds=total)
     return Budget(steps=None if budget.steps is None else budget.steps * KEEPER_ROUNDS,
                   seconds=None if budget.seconds is None else budget.seconds * KEEPER_ROUNDS)
 
@@ -112,7 +129,9 @@ class InitializationMaker:
         selection = strategies.build(experiment.selection.name, experiment.selection.params)
         self.planner = Planner(experiment.algos, population_config(experiment, pods),
                                selection, store, self.rng,
-                               lost_after_s=KEEPER_ROUNDS * round_seconds(experiment) + 120.0)
+                               lost_after_s=round_seconds(experiment) + LOST_AFTER_S)
+        self.planner.keeper_lost_after_s = LOST_AFTER_S + (
+            keeper_budget(experiment).seconds or KEEPER_ROUNDS * round_seconds(experiment))
         self._fresh: dict[str, int] = {}
         self._unreadable: set[str] = set()
         """Parents whose state could not be read (warned about once each)."""
@@ -169,7 +188,7 @@ class InitializationMaker:
         pinned = exp.overrides_for(algorithm)
         seed = self.rng.randrange(2**31)
         common = {"experiment": exp.name, "algorithm": algorithm, "env": exp.env,
-                  "budget": keeper_budget(exp.round_budget) if plan.keeper else exp.round_budget,
+                  "budget": keeper_budget(exp) if plan.keeper else exp.round_budget,
                   "seed": seed, "pooled": exp.pool_keeper or not plan.keeper}
         parent = plan.parent
         if parent is None:
@@ -220,6 +239,11 @@ async def keep_stocked(ctx: ServiceContext[Settings], transport: Transport,
             try:
                 _, consumers = await transport.queue_depth("generator")
                 maker.set_pods(consumers)
+                # before issuing: the new keeper's idle lineage takes the first pod free
+                for init_id, why in await asyncio.to_thread(maker.planner.yields):
+                    await transport.publish_event("control.yield", Yield(
+                        experiment=maker.experiment.name, init_id=init_id, reason=why))
+                    log.info("told %s to yield its pod: %s", init_id[:8], why)
                 while maker.planner.in_flight() < wanted(consumers) \
                         and not ctx.stopping.is_set() and not maker.budget_spent():
                     init = await asyncio.to_thread(maker.make)

@@ -146,6 +146,7 @@ from broker.core.errors import ConfigError
 from broker.core.experiment_specs import (
     EXPLORINGS,
     HANDOVERS,
+    KEEPER_ROUNDS_RULES,
     KEEPERS,
     MEASURES,
     STAND_INS,
@@ -206,6 +207,19 @@ HalfCheetah with one-round keeper rounds: the leader's pod stood idle 4-7 s afte
 round (55 s of 300) while the updater measured its checkpoint, a would-be best, before
 the next round could continue it; the other pod, whose checkpoints were seldom
 candidates, lost 10 s."""
+UNTIL_YIELDED = "until-yielded"
+"""The default of ``PopulationConfig.keeper_round``: a keeper's round runs until the run's
+time budget ends, reporting its intermediate bests every ``agents.pod.runner.
+SNAPSHOT_EVERY_S``, unless another algorithm is to keep the pod: then ``Planner.yields``
+names it, the generator publishes ``control.yield`` and the pod ends it (evaluated and
+published, as a round that ran out) and takes its next. So the leader's lineage trains
+as a lone pod's one long round does, with no gap between rounds. In ``three-rounds``
+rounds (``KEEPER_ROUNDS``), each one's end cost the lineage its evaluation and the wait
+for the updater's measurement before the next could continue it: on HalfCheetah-v5 (seed
+3, SAC's lineage kept from 144 s) 2 s of every 60. A collapse inside a long round is not
+seen (its snapshots are its bests), so ``RETURN`` applies at the round's end only; the
+run's answer still takes the best snapshot. Reproducible mode (``by_steps``) keeps
+``three-rounds``: a yield depends on timing."""
 AGREED = "agreed"
 """The default keeper rule (``PopulationConfig.keeper``): the leader at equal training
 first (else the best checkpoint's algorithm), then another algorithm only once it both
@@ -317,6 +331,9 @@ class PopulationConfig:
     """What equal training counts: a member's own rounds and the pool rows it learned from
     (``data``: ``DATA``, ``leaderboard.curves.cost``), or its own rounds alone (``own``).
     ``ready_s`` is always held against its own rounds."""
+    keeper_round: str = KEEPER_ROUNDS_RULES[0]
+    """How long a keeper's round runs: until the run ends or ``Planner.yields`` ends it
+    (``until-yielded``: ``UNTIL_YIELDED``), or ``KEEPER_ROUNDS`` rounds (``three-rounds``)."""
     explore_p: float = 0.0
     """Probability that a round starts a fresh lineage with sampled hyperparameters."""
     window: int = 4
@@ -338,7 +355,7 @@ class PopulationConfig:
         if not 0.0 <= self.min_share <= 1.0:
             raise ConfigError("population.min_share", f"must be in [0, 1], got {self.min_share}")
         check_rules(self.keeper, self.handover, self.stand_in, self.measure, self.exploring,
-                    self.training)
+                    self.training, self.keeper_round)
         if not 0.0 <= self.explore_p <= 1.0:
             raise ConfigError("explore_p", f"must be in [0, 1], got {self.explore_p}")
         if self.window < 2:
@@ -457,6 +474,10 @@ class Planner:
         self.rounds: dict[str, float] = dict.fromkeys(self.mix, 0.0)
         """Recent rounds per algorithm, each weighted ``RECENT_DECAY`` per later round."""
         self._issued: dict[str, _Issued] = {}
+        self._yielded: set[str] = set()
+        """Keeper rounds told to yield (``yields``), until they come back."""
+        self.keeper_lost_after_s = lost_after_s
+        """``lost_after_s`` of a keeper's round (the generator sets it for long ones)."""
         self.incumbent: str | None = None
         """The algorithm of the last round on the leader's pod (none yet: ``None``)."""
 
@@ -476,8 +497,10 @@ class Planner:
         """Forget rounds that came back, or were lost (dropped, dead-lettered)."""
         now = self.clock()
         for init_id, rec in list(self._issued.items()):
-            if now - rec.at > self.lost_after_s or self.store.get(init_id) is not None:
+            limit = self.keeper_lost_after_s if rec.plan.keeper else self.lost_after_s
+            if now - rec.at > limit or self.store.get(init_id) is not None:
                 del self._issued[init_id]
+                self._yielded.discard(init_id)
 
     def busy(self) -> set[str]:
         """Checkpoint ids with a round of their lineage in flight."""
@@ -514,19 +537,45 @@ class Planner:
         # a head published by a round still in flight (an intermediate best) is busy too
         return head.id not in self.busy() and head.init_id not in self._issued
 
-    def next(self) -> Plan:
-        """The next round (see the module doc)."""
-        self._settle()
+    def _keeps(self, curves: Mapping[str, Curve | None]) -> tuple[str | None, bool]:
+        """The algorithm whose best lineage is to keep a pod now (``None``: none yet), and
+        whether the pods are shared out around a kept one (module doc, step 1)."""
         cfg = self.config
-        curves = self._curves()
-        share = shares(self.mix, curves, cfg.min_share, cfg.episodes)
         measured = {a: c for a, c in curves.items() if c is not None}
         tally = pairs(measured, cfg.episodes)
         first = leader(measured, cfg.episodes, tally)
         shared_pods = first is not None and len(measured) == len(self.mix) > 1 \
             and bool(self._issued) and (self.incumbent is not None or all(
                 self._ready(curves.get(a)) for a in self.mix))
-        keeps = self._kept(first, measured, tally) if shared_pods else None
+        return (self._kept(first, measured, tally) if shared_pods else None), shared_pods
+
+    def yields(self) -> list[tuple[str, str]]:
+        """Keeper rounds in flight to end now, each with why (``UNTIL_YIELDED``): another
+        algorithm is to keep the pod and its best lineage is idle, ready to take it. Each
+        is named once; from then on it no longer holds the kept pod (the new keeper's
+        round goes to the first pod that frees up)."""
+        if self.config.keeper_round != UNTIL_YIELDED or self.config.by_steps:
+            return []
+        self._settle()
+        running = [(init_id, rec.plan.algorithm) for init_id, rec in self._issued.items()
+                   if rec.plan.keeper and init_id not in self._yielded]
+        if not running:
+            return []
+        keeps, _ = self._keeps(self._curves())
+        if keeps is None or self._keeper(keeps) is None:
+            return []
+        out = [(init_id, f"{keeps} is to keep the pod") for init_id, algorithm in running
+               if algorithm != keeps]
+        self._yielded.update(init_id for init_id, _ in out)
+        return out
+
+    def next(self) -> Plan:
+        """The next round (see the module doc)."""
+        self._settle()
+        cfg = self.config
+        curves = self._curves()
+        share = shares(self.mix, curves, cfg.min_share, cfg.episodes)
+        keeps, shared_pods = self._keeps(curves)
         keeper = self._keeper_round(keeps) if keeps is not None else None
         if keeper is not None:
             return keeper
@@ -599,7 +648,8 @@ class Planner:
 
     def _keeper_round(self, keeps: str) -> Plan | None:
         """The round of the pod ``keeps``'s best lineage is to keep, if one is due now."""
-        keeping = {r.plan.algorithm for r in self._issued.values() if r.plan.keeper}
+        keeping = {r.plan.algorithm for init_id, r in self._issued.items()
+                   if r.plan.keeper and init_id not in self._yielded}
         if keeps in keeping:
             return None
         if keeping:  # the last keeper's long round runs

@@ -30,6 +30,8 @@ published: a redelivery would diverge again). So:
 * ``control.stop`` or SIGTERM ends the round early; the shortened round is still
   evaluated and published (the work is not lost), then the pod exits 0. Only a round
   that fails is put back (nack) for another pod;
+* ``control.yield`` naming the round (``Yield``: the generator wants the leader's pod
+  for another lineage) ends it the same way, and the pod takes its next round;
 * the checkpoint's id is its initialization's id, so a redelivered initialization that
   had already produced a stored checkpoint cannot add a second leaderboard row.
 """
@@ -37,6 +39,7 @@ published: a redelivery would diverge again). So:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -64,7 +67,7 @@ from agents.pod.runner import (
 )
 from broker.core.blobstore import FileBlobStore
 from broker.core.errors import BrokerError, StoreUnavailable
-from broker.core.schemas import Budget, Checkpoint, Initialization, Metrics
+from broker.core.schemas import Budget, Checkpoint, Initialization, Metrics, Yield
 from broker.core.settings import Settings
 from broker.runtime.control import sleep_or_stop, watch_stop
 from broker.runtime.faults import Fault, Health, Verdict, judge
@@ -85,6 +88,11 @@ STOPPING_TRIES = 3
 MAX_ROUND_S = 25 * 60.0
 """A round never trains longer: RabbitMQ closes a channel whose delivery stays unacked
 past ``consumer_timeout`` (30 min by default), which would redeliver the round forever."""
+
+
+YIELDS_KEPT = 64
+"""``control.yield`` ids a pod remembers (every pod hears every yield; one names a round
+in flight, so only the newest matter)."""
 
 
 def capped(budget: Budget) -> Budget:
@@ -116,6 +124,10 @@ class Pod:
         ``main``)."""
         self._progress: asyncio.Queue[tuple[Initialization, Progress]] = asyncio.Queue(
             maxsize=64)
+        self.yielded: collections.deque[str] = collections.deque(maxlen=YIELDS_KEPT)
+        """Rounds told to yield (``control.yield``), newest last; read by the worker."""
+        self.training: str | None = None
+        """The initialization whose round runs now."""
 
     # ---------------------------------------------------------------- one round
 
@@ -250,9 +262,17 @@ class Pod:
         """Run ``job`` on the worker; the round's thread is kept in ``self.running`` so
         that a cancelled pod (second signal) waits for it before closing its envs."""
         loop = asyncio.get_running_loop()
+        init_id = self.training = chain.init.id
+
+        def should_stop() -> bool:
+            return self.ctx.stopping.is_set() or init_id in self.yielded
+
         self.running = loop.run_in_executor(
-            None, self.worker.run, job, self._report(loop, chain), self.ctx.stopping.is_set)
-        return await asyncio.shield(self.running)
+            None, self.worker.run, job, self._report(loop, chain), should_stop)
+        try:
+            return await asyncio.shield(self.running)
+        finally:
+            self.training = None
 
     async def round_finished(self) -> None:
         """Wait until no round runs in the worker (its envs may then be closed)."""
@@ -314,6 +334,17 @@ class Pod:
             self.status = "idle"
 
     # ---------------------------------------------------------------- side tasks
+
+    async def watch_yields(self) -> None:
+        """Note every ``control.yield``; the round it names ends at its next iteration
+        (one that has not started yet ends after its first)."""
+        async with self.transport.subscribe(["control.yield"]) as events:
+            async for event in events:
+                if isinstance(event, Yield) and event.init_id not in self.yielded:
+                    self.yielded.append(event.init_id)
+                    if event.init_id == self.training:
+                        log.info("%s: round %s told to yield: %s", self.ctx.name,
+                                 event.init_id[:8], event.reason)
 
     async def publish_metrics(self) -> None:
         """Forward training progress to ``metrics.<pod>`` (best effort)."""
@@ -380,7 +411,8 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
             pod = Pod(ctx, transport, runner, cache, registry)
             ctx.heartbeat(transport, role="pod", status_fn=lambda: pod.status if pod else "")
             side = [asyncio.create_task(watch_stop(ctx, transport)),
-                    asyncio.create_task(pod.publish_metrics())]
+                    asyncio.create_task(pod.publish_metrics()),
+                    asyncio.create_task(pod.watch_yields())]
             started = time.monotonic()
             try:
                 await pod.serve()

@@ -20,6 +20,7 @@ from broker.core.errors import ConfigError
 from broker.core.experiment_specs import (
     EXPLORINGS,
     HANDOVERS,
+    KEEPER_ROUNDS_RULES,
     KEEPERS,
     MEASURES,
     STAND_INS,
@@ -271,9 +272,10 @@ def _population(table: Table) -> PopulationSpec:
         stand_in=table.string("stand_in", STAND_INS[0]),
         measure=table.string("measure", MEASURES[0]),
         exploring=table.string("exploring", EXPLORINGS[0]),
-        training=table.string("training", TRAININGS[0]))
+        training=table.string("training", TRAININGS[0]),
+        keeper_round=table.string("keeper_round", KEEPER_ROUNDS_RULES[0]))
     check_rules(spec.keeper, spec.handover, spec.stand_in, spec.measure, spec.exploring,
-                spec.training)
+                spec.training, spec.keeper_round)
     table.finish()
     return spec
 

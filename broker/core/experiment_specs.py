@@ -79,19 +79,23 @@ EXPLORINGS = ("near", "challengers", "mix")
 """The values of ``PopulationSpec.exploring``, the default first."""
 TRAININGS = ("data", "own")
 """The values of ``PopulationSpec.training``, the default first."""
+KEEPER_ROUNDS_RULES = ("until-yielded", "three-rounds")
+"""The values of ``PopulationSpec.keeper_round``, the default first."""
 
 
 def check_rules(keeper: str, handover: str, stand_in: str, measure: str,
-                exploring: str, training: str) -> None:
+                exploring: str, training: str, keeper_round: str = KEEPER_ROUNDS_RULES[0]
+                ) -> None:
     """Refuse a ``population.keeper`` not in ``KEEPERS``, a ``handover`` not in
     ``HANDOVERS``, a ``stand_in`` not in ``STAND_INS``, a ``measure`` not in
     ``MEASURES``, an ``exploring`` not in ``EXPLORINGS``, a ``training`` not in
-    ``TRAININGS``."""
+    ``TRAININGS``, a ``keeper_round`` not in ``KEEPER_ROUNDS_RULES``."""
     for name, value, values in (("keeper", keeper, KEEPERS), ("handover", handover, HANDOVERS),
                                 ("stand_in", stand_in, STAND_INS),
                                 ("measure", measure, MEASURES),
                                 ("exploring", exploring, EXPLORINGS),
-                                ("training", training, TRAININGS)):
+                                ("training", training, TRAININGS),
+                                ("keeper_round", keeper_round, KEEPER_ROUNDS_RULES)):
         if value not in values:
             raise ConfigError(f"population.{name}", f"unknown {name} {value!r}",
                               f"use one of {', '.join(values)}")
@@ -147,6 +151,12 @@ class PopulationSpec:
     collection, so a member warm-started from the pool is compared at the data behind
     it, not ahead of one that collected its own; ``own``, its own rounds alone.
     Measured on HalfCheetah-v5 and Hopper-v5: ``leaderboard.population.DATA``."""
+    keeper_round: str = KEEPER_ROUNDS_RULES[0]
+    """How long a round on the kept pod runs: ``until-yielded``, until the run's time
+    budget ends or another lineage is to keep the pod (the generator then tells it to
+    yield: ``control.yield``), reporting its intermediate bests as it goes, as a lone
+    pod's one long round does; ``three-rounds``, three rounds, then the lineage is
+    continued by a new round (``leaderboard.population.UNTIL_YIELDED``)."""
 
 
 MIN_ROUND_S = 10.0

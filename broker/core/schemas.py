@@ -215,6 +215,17 @@ class Stop(Message):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class Yield(Message):
+    """Generator -> events ``control.yield``: end the round ``init_id`` now, evaluated and
+    published as a round that ran out of budget is (the leader's pod is wanted by another
+    lineage: ``leaderboard.population.Planner.yields``); the pod then takes its next."""
+
+    KIND: ClassVar[str] = "yield"
+    init_id: Token
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Scale(Message):
     """Orchestrator -> events ``control.scale``: the target pod count of a node."""
 
@@ -278,7 +289,8 @@ def _spec(cls: type[Message]) -> _Spec:
 
 KINDS: dict[str, type[Message]] = {
     cls.KIND: cls
-    for cls in (Initialization, Checkpoint, Heartbeat, Metrics, LeaderboardChanged, Stop, Scale)
+    for cls in (Initialization, Checkpoint, Heartbeat, Metrics, LeaderboardChanged, Stop, Yield,
+                Scale)
 }
 
 _SPECS: dict[str, _Spec] = {kind: _spec(cls) for kind, cls in KINDS.items()}

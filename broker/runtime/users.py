@@ -14,9 +14,10 @@ role           queues                            events (routing keys)
 =============  ================================  ===================================
 pod            reads ``generator``; writes       publishes ``heartbeat.pod-*`` and
                ``updater`` (work key) and        ``metrics.pod-*``; reads
-               dead letters (``dlx``)            ``control.stop``
-generator      owns ``generator`` (+ ``.dead``)  publishes ``heartbeat.generator-*``;
-               writes ``generator``              reads ``leaderboard.changed``,
+               dead letters (``dlx``)            ``control.stop``, ``control.yield``
+generator      owns ``generator`` (+ ``.dead``)  publishes ``heartbeat.generator-*``,
+               writes ``generator``              ``control.yield``; reads
+                                                 ``leaderboard.changed``,
                                                  ``control.stop``
 updater        owns ``updater`` (+ ``.dead``)    publishes ``leaderboard.changed``,
                                                  ``heartbeat.updater-*``; reads
@@ -110,6 +111,7 @@ def role_permissions(experiment: str, role: str) -> RolePermissions:
     exchanges = (q["events"], q["dlx"], q["work"])
     beat = f"heartbeat\\.{role}-.*"
     stop = "control\\.stop"
+    yielding = "control\\.yield"
     # the experience pool's cross-node exchange and each node's own queue of it
     # (agents.pod.pool_bridge): pods declare, publish to and read them
     pool = (f"{p}\\.experience", f"{p}\\.experience\\..+")
@@ -118,7 +120,7 @@ def role_permissions(experiment: str, role: str) -> RolePermissions:
             configure=_any(sub("pod"), *pool),
             write=_any(q["work"], q["events"], q["dlx"], sub("pod"), *pool),
             read=_any(q["generator"], q["events"], sub("pod"), *pool),
-            events_write="^(heartbeat|metrics)\\.pod-.*$", events_read=f"^{stop}$",
+            events_write="^(heartbeat|metrics)\\.pod-.*$", events_read=_any(stop, yielding),
             work_write="^updater$", work_read=_NOTHING)
     if role in ("generator", "updater"):
         own = (q[role], q[f"{role}.dead"])
@@ -126,7 +128,8 @@ def role_permissions(experiment: str, role: str) -> RolePermissions:
             configure=_any(*own, *exchanges, sub(role)),
             write=_any(*own, *exchanges, sub(role)),
             read=_any(q[role], *exchanges, sub(role)),
-            events_write=_any(beat) if role == "generator" else _any(beat, "leaderboard\\.changed"),
+            events_write=_any(beat, yielding) if role == "generator"
+            else _any(beat, "leaderboard\\.changed"),
             events_read=_any(stop) if role == "updater" else _any(stop, "leaderboard\\.changed"),
             work_write=f"^{role}$" if role == "generator" else _NOTHING, work_read=f"^{role}$")
     if role == "orchestrator":

@@ -39,6 +39,7 @@ from broker.core.schemas import (
     Metrics,
     Scale,
     Stop,
+    Yield,
 )
 
 EXAMPLES = 10_000
@@ -59,6 +60,7 @@ SAMPLES: dict[str, Message] = {m.KIND: m for m in [
     Metrics(experiment=EXP, pod="pod", values={"losses/critic": 0.5}),
     LeaderboardChanged(experiment=EXP, best_id="c", best_score=1.0, top=[("c", 1.0)]),
     Stop(experiment=EXP, reason="done"),
+    Yield(experiment=EXP, init_id="i", reason="sac is to keep the pod"),
     Scale(experiment=EXP, node="n", pods=2),
 ]}
 BODIES = {kind: encode_message(msg, blobs=None)[0] for kind, msg in SAMPLES.items()}

@@ -37,6 +37,7 @@ from broker.core.schemas import (
     Metrics,
     Scale,
     Stop,
+    Yield,
 )
 
 Same = Callable[[Any, Any], None]
@@ -65,6 +66,7 @@ MESSAGES: list[Message] = [
     LeaderboardChanged(experiment=EXP, best_id="c1", best_score=10.0,
                        top=[("c1", 10.0), ("c2", 9.0)]),
     Stop(experiment=EXP, reason="target reached"),
+    Yield(experiment=EXP, init_id="i1", reason="sac is to keep the pod"),
     Scale(experiment=EXP, node="node-1", pods=4),
 ]
 

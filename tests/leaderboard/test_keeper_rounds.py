@@ -10,23 +10,35 @@ from agents.registry import default_registry
 from broker.core.schemas import Budget
 from broker.core.settings import default_experiment
 from leaderboard.generator import InitializationMaker, keeper_budget
-from leaderboard.population import KEEPER, KEEPER_ROUNDS, Plan
+from leaderboard.population import KEEPER, KEEPER_ROUNDS, UNTIL_YIELDED, Plan
 from leaderboard.selection import default_strategies
 from leaderboard.store import LeaderboardStore
 
 
-def test_a_keepers_round_is_several_rounds_long(tmp_path: Path) -> None:
-    assert KEEPER_ROUNDS > 1
-    assert keeper_budget(Budget(seconds=20.0)) == Budget(seconds=20.0 * KEEPER_ROUNDS)
-    assert keeper_budget(Budget(steps=1000)) == Budget(steps=1000 * KEEPER_ROUNDS)
+def test_a_keepers_round_runs_until_the_run_ends_unless_yielded(tmp_path: Path) -> None:
     exp = default_experiment("torch/Pendulum-v1", total_budget={"seconds": 300})
+    assert exp.population.keeper_round == UNTIL_YIELDED  # the default
+    assert keeper_budget(exp) == Budget(seconds=300.0)
     with LeaderboardStore(tmp_path) as store:
         maker = InitializationMaker(exp, default_registry(), default_strategies(), store,
                                     random.Random(0))
         kept = maker._build(Plan("ppo", None, False, KEEPER, keeper=True))
         shared = maker._build(Plan("ppo", None, False, "first of its algorithm"))
+        # a long round in flight is not given up for lost before the run could end
+        assert maker.planner.keeper_lost_after_s > 300.0
+        assert maker.planner.lost_after_s < 300.0
     assert shared.budget == exp.round_budget
-    assert kept.budget == keeper_budget(exp.round_budget)
+    assert kept.budget == Budget(seconds=300.0)
+
+
+def test_three_round_keepers_and_step_budgets_keep_rounds_of_three(tmp_path: Path) -> None:
+    assert KEEPER_ROUNDS > 1
+    exp = default_experiment("torch/Pendulum-v1", total_budget={"seconds": 300},
+                             **{"population.keeper_round": "three-rounds"})
+    assert keeper_budget(exp) == Budget(seconds=exp.round_budget.seconds * KEEPER_ROUNDS)
+    steps = default_experiment("torch/Pendulum-v1", total_budget={"env_steps": 100_000},
+                               round_budget={"steps": 1000}, reproducible=True)
+    assert keeper_budget(steps) == Budget(steps=1000 * KEEPER_ROUNDS)
 
 
 def test_the_kept_lineage_learns_from_its_own_data_only_with_pool_keeper_false(

@@ -16,7 +16,15 @@ import torch
 from broker.core.errors import ConfigError
 from broker.core.schemas import Checkpoint
 from leaderboard.curves import Curve, exploring, leader, pairs, shares
-from leaderboard.population import MEASURE, STAND_IN, Family, Plan, Planner, PopulationConfig
+from leaderboard.population import (
+    MEASURE,
+    STAND_IN,
+    UNTIL_YIELDED,
+    Family,
+    Plan,
+    Planner,
+    PopulationConfig,
+)
 from leaderboard.selection import Tournament
 from leaderboard.store import LeaderboardStore
 
@@ -682,6 +690,37 @@ def test_a_new_best_takes_the_next_free_pod_while_the_last_keepers_round_runs(
         assert not planner.next().keeper
     else:
         assert not plan.keeper
+
+
+def test_a_kept_lineage_yields_its_long_round_to_a_new_keeper_once(
+        store: LeaderboardStore) -> None:
+    # a keeper's round runs until the run ends; when another algorithm is to keep the pod
+    # and its best lineage is idle, the generator tells that round to yield (once), and
+    # the new keeper's round takes the first pod that frees up
+    planner = _td3_kept_then_sac_best(store)
+    assert planner.config.keeper_round == UNTIL_YIELDED
+    assert planner.yields() == [("td32", "sac is to keep the pod")]
+    assert planner.yields() == []  # named once
+    plan = planner.next()
+    assert plan.keeper and plan.algorithm == "sac" and plan.parent is not None \
+        and plan.parent.id == "sac2"
+    planner.issued("sac3", plan)
+    assert planner.yields() == []  # sac keeps it now
+    _put(store, "td32", "td3", 1200.0, parent="td31")  # the yielded round comes back
+    assert not planner.next().keeper  # its pod explores
+
+
+def test_no_yield_while_the_new_keepers_lineage_is_busy_or_by_three_rounds(
+        store: LeaderboardStore, tmp_path: Path) -> None:
+    planner = _td3_kept_then_sac_best(store)
+    planner.issued("sac3", Plan("sac", store.get("sac2"), False, "test"))  # sac2 busy
+    assert planner.yields() == []
+    _put(store, "sac3", "sac", 1600.0, parent="sac2")
+    assert planner.yields() == [("td32", "sac is to keep the pod")]
+    with LeaderboardStore(tmp_path / "three") as other:
+        assert _td3_kept_then_sac_best(other, keeper_round="three-rounds").yields() == []
+    with pytest.raises(ConfigError, match=r"population\.keeper_round"):
+        PopulationConfig(keeper_round="forever")
 
 
 def _td3_kept_then_sac_best(store: LeaderboardStore, **config: Any) -> Planner:

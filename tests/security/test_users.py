@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "broker"))
 from transport_helpers import make_init, next_within, take_a_round
 
 from broker.core.errors import ConnectionClosed, PublishError
-from broker.core.schemas import Checkpoint, Heartbeat, Stop
+from broker.core.schemas import Checkpoint, Heartbeat, Stop, Yield
 from broker.core.topology import Topology
 from broker.runtime.users import (
     role_permissions,
@@ -36,7 +36,7 @@ def test_permissions_name_only_this_experiment() -> None:
     for name in (topology.generator, topology.updater, topology.events, "podracer.bee.experience"):
         assert not re.fullmatch(pod.configure, name), name
     assert "updater" not in pod.read and r"podracer\.ant\.generator" in pod.read
-    assert pod.work_write == "^updater$" and pod.events_read == r"^control\.stop$"
+    assert pod.work_write == "^updater$" and pod.events_read == r"^(control\.stop|control\.yield)$"
     assert "amq" not in pod.write  # the default exchange reaches every queue
 
 
@@ -75,6 +75,15 @@ async def test_each_role_does_its_job_and_a_pod_nothing_else(
             await orchestrator.publish_event("control.stop", Stop(experiment=experiment,
                                                                   reason="target"))
             assert (await next_within(stops)).reason == "target"  # type: ignore[attr-defined]
+        # the generator may tell a round to yield its pod, and the pod hears it; a pod
+        # may not tell another pod's round to
+        async with pod.subscribe(["control.yield"], service="pod") as yields:
+            told = Yield(experiment=experiment, init_id=checkpoint.id, reason="sac keeps")
+            await generator.publish_event("control.yield", told)
+            assert (await next_within(yields)).id == told.id
+            with pytest.raises(PublishError, match="ACCESS_REFUSED"):
+                await pod.publish_event("control.yield", Yield(
+                    experiment=experiment, init_id=checkpoint.id, reason="forged"))
         async with updater.consume("updater", prefetch=1, expect=Checkpoint) as inbox:
             got = await next_within(inbox)
             assert got.message.id == checkpoint.id

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from broker.core.schemas import (
     Initialization,
     LeaderboardChanged,
     Stop,
+    Yield,
     new_id,
 )
 from broker.core.settings import Settings, default_experiment
@@ -233,6 +235,44 @@ async def test_generator_keeps_one_waiting_and_seeds_children(rig: Rig) -> None:
     assert branch.parent_id == parent.id and branch.hparams != parent.hparams
     assert branch.hparams["hidden_size"] == PPO["hidden_size"]  # pinned, never mutated
     assert child.seed != branch.seed
+
+
+async def test_a_round_told_to_yield_ends_early_is_published_and_the_pod_goes_on(
+        rig: Rig) -> None:
+    # the generator wants the leader's pod for another lineage (``control.yield``): the
+    # round, budgeted for ten minutes, ends, evaluated and published; the pod takes more
+    ctx, task = rig.service(pod_service.main, "pod-y")
+    name = rig.settings.experiment.name
+    long = _init(rig, budget=Budget(seconds=600.0))
+    other = _init(rig, budget=Budget(seconds=600.0))
+    async with rig.transport.subscribe(["metrics.pod-y"], service="test") as metrics:
+        await rig.transport.publish("generator", long)
+        while (await _next(metrics)).init_id != long.id:
+            pass
+    started = time.monotonic()
+    async with rig.transport.consume("updater", prefetch=4, expect=Checkpoint) as inbox:
+        # a yield to another round is not this one's; events are best-effort, so the
+        # test repeats its own until the round comes back
+        await rig.transport.publish_event("control.yield", Yield(
+            experiment=name, init_id=new_id(), reason="not this round"))
+        arrival = asyncio.ensure_future(anext(inbox))
+        while not arrival.done():
+            await rig.transport.publish_event("control.yield", Yield(
+                experiment=name, init_id=long.id, reason="test"))
+            await asyncio.wait({arrival}, timeout=1.0)
+        delivery = arrival.result()
+        checkpoint: Checkpoint = delivery.message
+        await delivery.ack()
+    assert checkpoint.id == long.id and checkpoint.env_steps > 0
+    assert checkpoint.wall_time < 120.0 and time.monotonic() - started < 120.0
+    assert await _depth(rig.transport, "generator", 0) == 0
+    # the pod goes on: its next round trains until it is stopped
+    async with rig.transport.subscribe(["metrics.pod-y"], service="test") as metrics:
+        await rig.transport.publish("generator", other)
+        while (await _next(metrics)).init_id != other.id:
+            pass
+    assert not task.done()
+    assert await _stop(ctx, task) == 0
 
 
 async def test_control_stop_ends_every_service_with_code_zero(rig: Rig) -> None:
