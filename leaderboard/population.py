@@ -313,7 +313,8 @@ class PopulationConfig:
     PopulationSpec``)."""
     handover: str = HANDOVERS[0]
     """When another algorithm is to keep a pod while the last keeper's long round runs:
-    once that round ends (``same-pod``) or at the next free pod (``next-pod``)."""
+    once that round ends (``same-pod``) or at the next free pod (``next-pod``). A round
+    told to yield (``yields``) no longer holds the pod: its successor takes the next."""
     stand_in: str = STAND_INS[0]
     """While a new keeper's best head is busy, the last keeper's lineage goes on in one
     ordinary round (``one-round``: ``STAND_IN``) or in a keeper's long round (``long``)."""
@@ -476,6 +477,8 @@ class Planner:
         self._issued: dict[str, _Issued] = {}
         self._yielded: set[str] = set()
         """Keeper rounds told to yield (``yields``), until they come back."""
+        self._yields_seen: tuple[int, frozenset[str], str | None] | None = None
+        """The store's size and the rounds in flight when ``yields`` last looked."""
         self.keeper_lost_after_s = lost_after_s
         """``lost_after_s`` of a keeper's round (the generator sets it for long ones)."""
         self.incumbent: str | None = None
@@ -559,8 +562,11 @@ class Planner:
         self._settle()
         running = [(init_id, rec.plan.algorithm) for init_id, rec in self._issued.items()
                    if rec.plan.keeper and init_id not in self._yielded]
-        if not running:
+        # the generator asks every POLL_S: read the curves again only once something changed
+        seen = (self.store.count(), frozenset(self._issued), self.incumbent)
+        if not running or seen == self._yields_seen:
             return []
+        self._yields_seen = seen
         keeps, _ = self._keeps(self._curves())
         if keeps is None or self._keeper(keeps) is None:
             return []
