@@ -18,8 +18,9 @@ machine). Rows:
   ``tournament-intakenone``: with a training member taking every other member's new
   pool rows, only those off-policy learners collected, or none (``pool_intake``);
   ``tournament-sac1pod``: SAC alone on one pod in the tournament's rounds;
-  ``tournament-keeperthree``: with the kept pod's rounds three rounds long instead of
-  running until the run ends or they are told to yield (``population.keeper_round``);
+  ``tournament-keeperthree``, ``tournament-keeperyield``: with the kept pod's rounds
+  three rounds long (the default), or running until the run ends or they are told to
+  yield (``population.keeper_round``);
   ``tournament-nextpod``: with a new keeper's idle best lineage
   taking the next free pod while the last keeper's long round runs
   (``population.handover``); ``tournament-standinlong``, ``tournament-standinround``:

@@ -98,6 +98,7 @@ TOURNAMENTS: dict[str, Mapping[str, Any]] = {
     "tournament-sac": {"algos": {"sac": 1}},
     "tournament-sac1pod": {"algos": {"sac": 1}, "pods": 1},
     "tournament-keeperthree": {"population.keeper_round": "three-rounds"},
+    "tournament-keeperyield": {"population.keeper_round": "until-yielded"},
 }
 """The tournament rows: the default ``podracer train``, and the same with one experiment
 override (``Experiment.with_overrides`` keys): without the shared experience pool (the

@@ -208,8 +208,8 @@ round (55 s of 300) while the updater measured its checkpoint, a would-be best, 
 the next round could continue it; the other pod, whose checkpoints were seldom
 candidates, lost 10 s."""
 UNTIL_YIELDED = "until-yielded"
-"""The default of ``PopulationConfig.keeper_round``: a keeper's round runs until the run's
-time budget ends, reporting its intermediate bests every ``agents.pod.runner.
+"""A value of ``PopulationConfig.keeper_round`` (not the default): a keeper's round runs
+until the run's time budget ends, reporting its intermediate bests every ``agents.pod.runner.
 SNAPSHOT_EVERY_S``, unless another algorithm is to keep the pod: then ``Planner.yields``
 names it, the generator publishes ``control.yield`` and the pod ends it (evaluated and
 published, as a round that ran out) and takes its next. So the leader's lineage trains
@@ -223,7 +223,11 @@ run's answer still takes the best snapshot. Reproducible mode (``by_steps``) kee
 interleaved, ``benchmarks.tournament --methods tournament,tournament-keeperthree,sac``,
 the lone SAC pod at 1,415 env steps/s): until yielded 6711 ± 361, three rounds
 6372 ± 599, SAC alone 6509 ± 1007; within the runs' noise (two runs of one seed
-differed by 1665), kept for removing a cost seen in every run."""
+differed by 1665). Not the default: on Hopper-v5 (seeds 0, 1) it scored 2413 and 2259
+against SAC alone 3170 and 3143. In seed 0 the kept SAC lineage read 318, 652, 273 in
+its long round while a branch of it on the other pod rose to 2173: a yield goes only to
+another algorithm, never to a better lineage of the keeper's own, which a kept round of
+three rounds would have continued at its end."""
 AGREED = "agreed"
 """The default keeper rule (``PopulationConfig.keeper``): the leader at equal training
 first (else the best checkpoint's algorithm), then another algorithm only once it both
@@ -337,8 +341,9 @@ class PopulationConfig:
     (``data``: ``DATA``, ``leaderboard.curves.cost``), or its own rounds alone (``own``).
     ``ready_s`` is always held against its own rounds."""
     keeper_round: str = KEEPER_ROUNDS_RULES[0]
-    """How long a keeper's round runs: until the run ends or ``Planner.yields`` ends it
-    (``until-yielded``: ``UNTIL_YIELDED``), or ``KEEPER_ROUNDS`` rounds (``three-rounds``)."""
+    """How long a keeper's round runs: ``KEEPER_ROUNDS`` rounds (``three-rounds``, the
+    default), or until the run ends or ``Planner.yields`` ends it (``until-yielded``:
+    ``UNTIL_YIELDED``)."""
     explore_p: float = 0.0
     """Probability that a round starts a fresh lineage with sampled hyperparameters."""
     window: int = 4

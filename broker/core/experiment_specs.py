@@ -79,7 +79,7 @@ EXPLORINGS = ("near", "challengers", "mix")
 """The values of ``PopulationSpec.exploring``, the default first."""
 TRAININGS = ("data", "own")
 """The values of ``PopulationSpec.training``, the default first."""
-KEEPER_ROUNDS_RULES = ("until-yielded", "three-rounds")
+KEEPER_ROUNDS_RULES = ("three-rounds", "until-yielded")
 """The values of ``PopulationSpec.keeper_round``, the default first."""
 
 
@@ -155,9 +155,9 @@ class PopulationSpec:
     it, not ahead of one that collected its own; ``own``, its own rounds alone.
     Measured on HalfCheetah-v5 and Hopper-v5: ``leaderboard.population.DATA``."""
     keeper_round: str = KEEPER_ROUNDS_RULES[0]
-    """How long a round on the kept pod runs: ``until-yielded``, until the run's time
-    budget ends or another lineage is to keep the pod (the generator then tells it to
-    yield: ``control.yield``), reporting its intermediate bests as it goes, as a lone
+    """How long a round on the kept pod runs (default ``three-rounds``): ``until-yielded``,
+    until the run's time budget ends or another lineage is to keep the pod (the generator
+    then tells it to yield: ``control.yield``), reporting its intermediate bests as it goes, as a lone
     pod's one long round does; ``three-rounds``, three rounds, then the lineage is
     continued by a new round (``leaderboard.population.UNTIL_YIELDED``)."""
 

@@ -16,8 +16,8 @@ from leaderboard.store import LeaderboardStore
 
 
 def test_a_keepers_round_runs_until_the_run_ends_unless_yielded(tmp_path: Path) -> None:
-    exp = default_experiment("torch/Pendulum-v1", total_budget={"seconds": 300})
-    assert exp.population.keeper_round == UNTIL_YIELDED  # the default
+    exp = default_experiment("torch/Pendulum-v1", total_budget={"seconds": 300},
+                             **{"population.keeper_round": UNTIL_YIELDED})
     assert keeper_budget(exp) == Budget(seconds=300.0)
     with LeaderboardStore(tmp_path) as store:
         maker = InitializationMaker(exp, default_registry(), default_strategies(), store,
@@ -33,8 +33,8 @@ def test_a_keepers_round_runs_until_the_run_ends_unless_yielded(tmp_path: Path) 
 
 def test_three_round_keepers_and_step_budgets_keep_rounds_of_three(tmp_path: Path) -> None:
     assert KEEPER_ROUNDS > 1
-    exp = default_experiment("torch/Pendulum-v1", total_budget={"seconds": 300},
-                             **{"population.keeper_round": "three-rounds"})
+    exp = default_experiment("torch/Pendulum-v1", total_budget={"seconds": 300})
+    assert exp.population.keeper_round == "three-rounds"  # the default
     assert keeper_budget(exp) == Budget(seconds=exp.round_budget.seconds * KEEPER_ROUNDS)
     steps = default_experiment("torch/Pendulum-v1", total_budget={"env_steps": 100_000},
                                round_budget={"steps": 1000}, reproducible=True)

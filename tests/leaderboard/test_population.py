@@ -697,8 +697,7 @@ def test_a_kept_lineage_yields_its_long_round_to_a_new_keeper_once(
     # a keeper's round runs until the run ends; when another algorithm is to keep the pod
     # and its best lineage is idle, the generator tells that round to yield (once), and
     # the new keeper's round takes the first pod that frees up
-    planner = _td3_kept_then_sac_best(store)
-    assert planner.config.keeper_round == UNTIL_YIELDED
+    planner = _td3_kept_then_sac_best(store, keeper_round=UNTIL_YIELDED)
     assert planner.yields() == [("td32", "sac is to keep the pod")]
     assert planner.yields() == []  # named once
     plan = planner.next()
@@ -712,13 +711,13 @@ def test_a_kept_lineage_yields_its_long_round_to_a_new_keeper_once(
 
 def test_no_yield_while_the_new_keepers_lineage_is_busy_or_by_three_rounds(
         store: LeaderboardStore, tmp_path: Path) -> None:
-    planner = _td3_kept_then_sac_best(store)
+    planner = _td3_kept_then_sac_best(store, keeper_round=UNTIL_YIELDED)
     planner.issued("sac3", Plan("sac", store.get("sac2"), False, "test"))  # sac2 busy
     assert planner.yields() == []
     _put(store, "sac3", "sac", 1600.0, parent="sac2")
     assert planner.yields() == [("td32", "sac is to keep the pod")]
     with LeaderboardStore(tmp_path / "three") as other:
-        assert _td3_kept_then_sac_best(other, keeper_round="three-rounds").yields() == []
+        assert _td3_kept_then_sac_best(other).yields() == []  # three rounds, the default
     with pytest.raises(ConfigError, match=r"population\.keeper_round"):
         PopulationConfig(keeper_round="forever")
 

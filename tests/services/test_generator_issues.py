@@ -89,7 +89,8 @@ async def test_the_generator_tells_a_kept_round_to_yield_to_a_new_keeper(
         tmp_path: Path) -> None:
     # TD3's best lineage keeps a pod in a round that would run to the end; SAC's becomes
     # the best checkpoint: the generator publishes control.yield naming TD3's round
-    exp = default_experiment("torch/Pendulum-v1", total_budget={"seconds": 300}
+    exp = default_experiment("torch/Pendulum-v1", total_budget={"seconds": 300},
+                             **{"population.keeper_round": "until-yielded"}
                              ).with_overrides(name="gen-yield")
     ctx = ServiceContext(Settings(experiment=exp, broker="memory://", store=tmp_path,
                                   device="cpu"), "generator")
@@ -97,7 +98,8 @@ async def test_the_generator_tells_a_kept_round_to_yield_to_a_new_keeper(
         maker = InitializationMaker(exp, default_registry(), default_strategies(), store,
                                     random.Random(0), pods=2)
         maker.planner.config = dataclasses.replace(maker.planner.config, keeper="best",
-                                                   measure="two-rounds")
+                                                   measure="two-rounds",
+                                                   keeper_round="until-yielded")
         for algorithm, scores in (("ppo", [100.0, 110.0]), ("sac", [0.0, 900.0]),
                                   ("td3", [0.0, 1000.0])):
             _lineage(store, algorithm, scores)
