@@ -157,9 +157,9 @@ class PopulationSpec:
     keeper_round: str = KEEPER_ROUNDS_RULES[0]
     """How long a round on the kept pod runs (default ``three-rounds``): ``until-yielded``,
     until the run's time budget ends or another lineage is to keep the pod (the generator
-    then tells it to yield: ``control.yield``), reporting its intermediate bests as it goes, as a lone
-    pod's one long round does; ``three-rounds``, three rounds, then the lineage is
-    continued by a new round (``leaderboard.population.UNTIL_YIELDED``)."""
+    then tells it to yield: ``control.yield``), reporting its intermediate bests as it
+    goes, as a lone pod's one long round does; ``three-rounds``, three rounds, then the
+    lineage is continued by a new round (``leaderboard.population.UNTIL_YIELDED``)."""
 
 
 MIN_ROUND_S = 10.0
