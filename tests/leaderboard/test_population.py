@@ -18,6 +18,7 @@ from broker.core.schemas import Checkpoint
 from leaderboard.curves import Curve, exploring, leader, pairs, shares
 from leaderboard.population import (
     MEASURE,
+    OUTGROWN,
     STAND_IN,
     UNTIL_YIELDED,
     Family,
@@ -43,8 +44,9 @@ _created = itertools.count(1)
 
 def _put(store: LeaderboardStore, cid: str, algorithm: str, score: float, *,
          parent: str | None = None, hparams: dict[str, Any] | None = None,
-         wall: float = 20.0, std: float = 1.0, pool_rows: int = 0) -> None:
-    store.insert(Checkpoint(id=cid, experiment="exp", init_id=cid, pod="pod-1",
+         wall: float = 20.0, std: float = 1.0, pool_rows: int = 0,
+         init_id: str | None = None) -> None:
+    store.insert(Checkpoint(id=cid, experiment="exp", init_id=init_id or cid, pod="pod-1",
                             algorithm=algorithm, env="torch/Pendulum-v1",
                             hparams=dict(hparams or LR), state={"w": torch.zeros(2)},
                             score_mean=score, score_std=std, env_steps=100, wall_time=wall,
@@ -720,6 +722,32 @@ def test_no_yield_while_the_new_keepers_lineage_is_busy_or_by_three_rounds(
         assert _td3_kept_then_sac_best(other).yields() == []  # three rounds, the default
     with pytest.raises(ConfigError, match=r"population\.keeper_round"):
         PopulationConfig(keeper_round="forever")
+
+
+@pytest.mark.parametrize(("branch", "yields"), [(2000.0, True), (1100.0, False)])
+def test_a_kept_long_round_yields_to_an_idle_lineage_of_its_own_that_outgrew_it(
+        store: LeaderboardStore, branch: float, yields: bool) -> None:
+    # Hopper (seed 0): the kept SAC lineage read 318, 652, 273 in its long round while a
+    # branch of it on the other pod rose to 2173; within a quarter, no yield
+    _curve(store, "ppo", [100.0, 110.0])
+    _curve(store, "td3", [0.0, 300.0])
+    _curve(store, "sac", [0.0, 900.0])
+    planner = _planner(store, members=2, keeper_round=UNTIL_YIELDED)
+    planner.issued("x", Plan("ppo", None, False, "test"))  # the other pod is busy
+    kept = planner.next()
+    assert kept.keeper and kept.algorithm == "sac"
+    planner.issued("k", kept)
+    _put(store, "k.1", "sac", 950.0, parent="sac1", init_id="k")  # its intermediate best
+    _settle_back(store, planner, "x")
+    _put(store, "b", "sac", branch, parent="sac1", hparams={"lr": 2e-3})  # a branch, back
+    if not yields:
+        assert planner.yields() == []
+        return
+    assert planner.yields() == [("k", f"{OUTGROWN} ({branch:.1f})")]
+    assert planner.yields() == []  # named once
+    plan = planner.next()  # the next free pod continues the branch, kept
+    assert plan.keeper and plan.algorithm == "sac" and plan.parent is not None \
+        and plan.parent.id == "b"
 
 
 def _td3_kept_then_sac_best(store: LeaderboardStore, **config: Any) -> Planner:
