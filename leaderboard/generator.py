@@ -107,7 +107,8 @@ def population_config(experiment: Experiment, pods: int) -> PopulationConfig:
     rules = PopulationConfig(
         members=spec.members or max(1, pods), min_share=spec.min_share, keeper=spec.keeper,
         handover=spec.handover, stand_in=spec.stand_in, measure=spec.measure,
-        exploring=spec.exploring, training=spec.training, explore_p=experiment.explore_p,
+        exploring=spec.exploring, training=spec.training, keeper_round=spec.keeper_round,
+        explore_p=experiment.explore_p,
         episodes=experiment.eval_episodes)
     if experiment.reproducible:  # every decision counts env steps (see ``Experiment``)
         steps = experiment.round_budget.steps or 0

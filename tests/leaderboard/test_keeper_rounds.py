@@ -3,13 +3,14 @@ generator's budget."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
 from agents.registry import default_registry
 from broker.core.schemas import Budget
 from broker.core.settings import default_experiment
-from leaderboard.generator import InitializationMaker, keeper_budget
+from leaderboard.generator import InitializationMaker, keeper_budget, population_config
 from leaderboard.population import KEEPER, KEEPER_ROUNDS, UNTIL_YIELDED, Plan
 from leaderboard.selection import default_strategies
 from leaderboard.store import LeaderboardStore
@@ -29,6 +30,21 @@ def test_a_keepers_round_runs_until_the_run_ends_unless_yielded(tmp_path: Path) 
         assert maker.planner.lost_after_s < 300.0
     assert shared.budget == exp.round_budget
     assert kept.budget == Budget(seconds=300.0)
+
+
+def test_every_population_setting_reaches_the_planner() -> None:
+    # population.keeper_round was parsed and checked but never given to the planner: the
+    # kept round ran until the run ended and was never told to yield
+    values = {"members": 3, "ready_s": 45.0, "min_share": 0.2, "keeper": "best",
+              "handover": "next-pod", "stand_in": "long", "measure": "two-rounds",
+              "exploring": "mix", "training": "own", "keeper_round": UNTIL_YIELDED}
+    exp = default_experiment("torch/Pendulum-v1", total_budget={"seconds": 300},
+                             **{f"population.{k}": v for k, v in values.items()})
+    spec = dataclasses.asdict(exp.population)
+    assert set(spec) == set(values)  # a new setting joins this test
+    assert spec == values
+    config = population_config(exp, pods=2)
+    assert {k: getattr(config, k) for k in values} == values
 
 
 def test_three_round_keepers_and_step_budgets_keep_rounds_of_three(tmp_path: Path) -> None:

@@ -97,9 +97,9 @@ async def test_the_generator_tells_a_kept_round_to_yield_to_a_new_keeper(
     with LeaderboardStore(tmp_path) as store:
         maker = InitializationMaker(exp, default_registry(), default_strategies(), store,
                                     random.Random(0), pods=2)
+        assert maker.planner.config.keeper_round == "until-yielded"  # the experiment's
         maker.planner.config = dataclasses.replace(maker.planner.config, keeper="best",
-                                                   measure="two-rounds",
-                                                   keeper_round="until-yielded")
+                                                   measure="two-rounds")
         for algorithm, scores in (("ppo", [100.0, 110.0]), ("sac", [0.0, 900.0]),
                                   ("td3", [0.0, 1000.0])):
             _lineage(store, algorithm, scores)
