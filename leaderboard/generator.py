@@ -19,13 +19,14 @@ state, hyperparameters):
 * a branch carries that reference with hyperparameters mutated inside the
   algorithm's search space (PBT exploit/explore). Pinned hyperparameters of the
   experiment are never mutated;
-* a round on the leader's pod of its own (``Plan.keeper``) runs until the run's time
-  budget ends (``keeper_budget``; with ``population.keeper_round = "three-rounds"``,
-  ``KEEPER_ROUNDS`` rounds), reporting intermediate bests as it goes
-  (``agents.pod.runner.SNAPSHOT_EVERY_S``), unless another lineage is to keep the pod:
-  the generator then publishes ``control.yield`` naming it (``Planner.yields``, looked at
-  before every issue) and the pod ends it. With ``pool_keeper = false`` it learns from
-  its own data only (``Initialization.pooled``).
+* a round on the leader's pod of its own (``Plan.keeper``) runs ``KEEPER_ROUNDS``
+  rounds (``keeper_budget``); with ``population.keeper_round = "until-yielded"`` it runs
+  until the run's time budget ends, reporting intermediate bests as it goes
+  (``agents.pod.runner.SNAPSHOT_EVERY_S``), unless another lineage is to keep the pod
+  (another algorithm's, or one of its own that outgrew it): the generator then
+  publishes ``control.yield`` naming it (``Planner.yields``, looked at before every
+  issue) and the pod ends it. With ``pool_keeper = false`` it learns from its own data
+  only (``Initialization.pooled``).
 
 Start and stop: the planner derives the population from the store alone, so a
 generator that starts on an existing store (``podracer train --resume``, or a

@@ -225,9 +225,16 @@ the lone SAC pod at 1,415 env steps/s): until yielded 6711 ± 361, three rounds
 6372 ± 599, SAC alone 6509 ± 1007; within the runs' noise (two runs of one seed
 differed by 1665). Not the default: on Hopper-v5 (seeds 0, 1) it scored 2413 and 2259
 against SAC alone 3170 and 3143. In seed 0 the kept SAC lineage read 318, 652, 273 in
-its long round while a branch of it on the other pod rose to 2173: a yield goes only to
-another algorithm, never to a better lineage of the keeper's own, which a kept round of
-three rounds would have continued at its end."""
+its long round while a branch of it on the other pod rose to 2173: a yield went only to
+another algorithm, never to a better lineage of the keeper's own (now ``OUTGROWN``).
+Measured with it (seeds 0-2, ``benchmarks.tournament --methods
+tournament,tournament-keeperyield,sac``, the lone SAC pod at 3,106-3,265 env steps/s):
+Hopper until yielded 3244 ± 87, three rounds 3356 ± 77, SAC alone 3151 ± 277;
+HalfCheetah 8545 ± 593, 9440 ± 333 and 9049 ± 1743. A yield is decided on the store,
+and a long round shows its progress only in snapshots 60 s apart: on HalfCheetah (seed
+1) SAC's kept round was told to yield 45 s into it, before its first snapshot, to TD3,
+whose 6062 had passed SAC's last published 5981; the round ended at 6663, and TD3's long
+round held the pod to the end."""
 OUTGROWN = "an idle lineage of its own algorithm outgrew it"
 """Why a kept round told to yield (``UNTIL_YIELDED``) ends when its own algorithm keeps the
 pod: an idle lineage of that algorithm (a branch trained on another pod) scores above the

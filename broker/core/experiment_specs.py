@@ -156,8 +156,9 @@ class PopulationSpec:
     Measured on HalfCheetah-v5 and Hopper-v5: ``leaderboard.population.DATA``."""
     keeper_round: str = KEEPER_ROUNDS_RULES[0]
     """How long a round on the kept pod runs (default ``three-rounds``): ``until-yielded``,
-    until the run's time budget ends or another lineage is to keep the pod (the generator
-    then tells it to yield: ``control.yield``), reporting its intermediate bests as it
+    until the run's time budget ends or another lineage is to keep the pod (another
+    algorithm's, or one of its own algorithm's that outgrew it: the generator then tells
+    it to yield, ``control.yield``), reporting its intermediate bests as it
     goes, as a lone pod's one long round does; ``three-rounds``, three rounds, then the
     lineage is continued by a new round (``leaderboard.population.UNTIL_YIELDED``)."""
 
