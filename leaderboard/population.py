@@ -611,7 +611,7 @@ class Planner:
         rec = self._issued[init_id]
         own = next((e for e in self.store.top(1_000_000, algorithm=rec.plan.algorithm)
                     if e.init_id == init_id), rec.plan.parent)
-        return own is not None and rival.init_id != init_id \
+        return own is not None \
             and rival.score_mean - own.score_mean > RETURN_DROP * abs(rival.score_mean) \
             and significantly_better(rival, own, cfg.episodes, cfg.alpha)
 
