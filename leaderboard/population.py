@@ -234,7 +234,10 @@ HalfCheetah 8545 ± 593, 9440 ± 333 and 9049 ± 1743. A yield is decided on the
 and a long round shows its progress only in snapshots 60 s apart: on HalfCheetah (seed
 1) SAC's kept round was told to yield 45 s into it, before its first snapshot, to TD3,
 whose 6062 had passed SAC's last published 5981; the round ended at 6663, and TD3's long
-round held the pod to the end."""
+round held the pod to the end. So a yield is now a request to measure: the round told to
+yield holds the kept pod until its result is stored (``Planner._keeper_round``; the other
+pod, freed first, takes an ordinary round), and the next kept round is decided on that
+result, which may give the pod back to the same lineage."""
 OUTGROWN = "an idle lineage of its own algorithm outgrew it"
 """Why a kept round told to yield (``UNTIL_YIELDED``) ends when its own algorithm keeps the
 pod: an idle lineage of that algorithm (a branch trained on another pod) scores above the
@@ -579,8 +582,8 @@ class Planner:
         """Keeper rounds in flight to end now, each with why (``UNTIL_YIELDED``): another
         algorithm is to keep the pod and its best lineage is idle, ready to take it; or an
         idle lineage of the round's own algorithm has outgrown it (``OUTGROWN``). Each
-        is named once; from then on it no longer holds the kept pod (the new keeper's
-        round goes to the first pod that frees up)."""
+        is named once; the next kept round is decided once its result is stored
+        (``UNTIL_YIELDED``)."""
         if self.config.keeper_round != UNTIL_YIELDED or self.config.by_steps:
             return []
         self._settle()
@@ -693,9 +696,11 @@ class Planner:
         return best
 
     def _keeper_round(self, keeps: str) -> Plan | None:
-        """The round of the pod ``keeps``'s best lineage is to keep, if one is due now."""
-        keeping = {r.plan.algorithm for init_id, r in self._issued.items()
-                   if r.plan.keeper and init_id not in self._yielded}
+        """The round of the pod ``keeps``'s best lineage is to keep, if one is due now. A
+        kept round told to yield still holds the pod until its result is stored: the
+        yield was decided on its last snapshot, and its result may decide otherwise
+        (``UNTIL_YIELDED``)."""
+        keeping = {r.plan.algorithm for r in self._issued.values() if r.plan.keeper}
         if keeps in keeping:
             return None
         if keeping:  # the last keeper's long round runs

@@ -697,18 +697,34 @@ def test_a_new_best_takes_the_next_free_pod_while_the_last_keepers_round_runs(
 def test_a_kept_lineage_yields_its_long_round_to_a_new_keeper_once(
         store: LeaderboardStore) -> None:
     # a keeper's round runs until the run ends; when another algorithm is to keep the pod
-    # and its best lineage is idle, the generator tells that round to yield (once), and
-    # the new keeper's round takes the first pod that frees up
+    # and its best lineage is idle, the generator tells that round to yield (once); the
+    # new keeper's round is decided once the yielded round's result is stored
     planner = _td3_kept_then_sac_best(store, keeper_round=UNTIL_YIELDED)
     assert planner.yields() == [("td32", "sac is to keep the pod")]
     assert planner.yields() == []  # named once
+    assert not planner.next().keeper  # the other pod, freed first: an ordinary round
+    planner.issued("y", Plan("ppo", None, False, "test"))
+    _put(store, "td32", "td3", 1200.0, parent="td31")  # the yielded round comes back
     plan = planner.next()
     assert plan.keeper and plan.algorithm == "sac" and plan.parent is not None \
         and plan.parent.id == "sac2"
     planner.issued("sac3", plan)
     assert planner.yields() == []  # sac keeps it now
-    _put(store, "td32", "td3", 1200.0, parent="td31")  # the yielded round comes back
-    assert not planner.next().keeper  # its pod explores
+
+
+def test_a_yielded_round_whose_result_beats_the_new_keeper_keeps_the_pod(
+        store: LeaderboardStore) -> None:
+    # HalfCheetah (seed 1): SAC's kept round was told to yield 45 s in, before its first
+    # snapshot, because TD3's 6062 had passed SAC's last published 5981; the round ended
+    # at 6663, but TD3's long round had taken the pod freed first and kept it to the end
+    planner = _td3_kept_then_sac_best(store, keeper_round=UNTIL_YIELDED)
+    assert planner.yields() == [("td32", "sac is to keep the pod")]
+    assert not planner.next().keeper  # the other pod, freed first: an ordinary round
+    planner.issued("y", Plan("ppo", None, False, "test"))
+    _put(store, "td32", "td3", 1600.0, parent="td31")  # above sac's 1500
+    plan = planner.next()
+    assert plan.keeper and plan.algorithm == "td3" and plan.parent is not None \
+        and plan.parent.id == "td32"
 
 
 def test_no_yield_while_the_new_keepers_lineage_is_busy_or_by_three_rounds(
@@ -745,6 +761,9 @@ def test_a_kept_long_round_yields_to_an_idle_lineage_of_its_own_that_outgrew_it(
         return
     assert planner.yields() == [("k", f"{OUTGROWN} ({branch:.1f})")]
     assert planner.yields() == []  # named once
+    assert not planner.next().keeper  # the other pod, freed first: an ordinary round
+    planner.issued("y", Plan("ppo", None, False, "test"))
+    _put(store, "k", "sac", 1000.0, parent="sac1")  # the round's result
     plan = planner.next()  # the next free pod continues the branch, kept
     assert plan.keeper and plan.algorithm == "sac" and plan.parent is not None \
         and plan.parent.id == "b"
