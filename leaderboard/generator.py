@@ -25,7 +25,8 @@ state, hyperparameters):
   (``agents.pod.runner.SNAPSHOT_EVERY_S``), unless another lineage is to keep the pod
   (another algorithm's, or one of its own that outgrew it): the generator then
   publishes ``control.yield`` naming it (``Planner.yields``, looked at before every
-  issue) and the pod ends it. With ``pool_keeper = false`` it learns from its own data
+  issue) and the pod ends it; the next kept round is decided once its result is stored.
+  With ``pool_keeper = false`` it learns from its own data
   only (``Initialization.pooled``).
 
 Start and stop: the planner derives the population from the store alone, so a
@@ -241,7 +242,7 @@ async def keep_stocked(ctx: ServiceContext[Settings], transport: Transport,
             try:
                 _, consumers = await transport.queue_depth("generator")
                 maker.set_pods(consumers)
-                # before issuing: the new keeper's idle lineage takes the first pod free
+                # before issuing: a kept round told to yield frees its pod soonest
                 for init_id, why in await asyncio.to_thread(maker.planner.yields):
                     await transport.publish_event("control.yield", Yield(
                         experiment=maker.experiment.name, init_id=init_id, reason=why))

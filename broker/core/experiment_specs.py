@@ -128,8 +128,9 @@ class PopulationSpec:
     takes the next pod that frees up (the last keeper's round runs out and its pod
     explores). Measured on HalfCheetah, 3 seeds: no difference (``leaderboard.population``).
     With ``keeper_round = "until-yielded"`` the last keeper's round is told to yield once
-    the new keeper's lineage is idle, and that lineage takes the first pod that frees up
-    either way; the rule then decides only while it is busy."""
+    the new keeper's lineage is idle; with ``same-pod`` the next kept round is then decided
+    on the yielded round's result, with ``next-pod`` the new keeper's lineage takes the
+    next pod that frees up at once."""
     stand_in: str = STAND_INS[0]
     """While a new keeper's best head is busy on another pod, the last keeper's lineage goes
     on in the freed pod: ``one-round``, for one ordinary round, so the new keeper takes the
