@@ -51,6 +51,7 @@ from agents.base import AlgorithmRegistry, config_from_hparams, config_to_hparam
 from broker.core.blobstore import FileBlobStore
 from broker.core.errors import BlobError, BrokerError, MessageError, TransientError
 from broker.core.experiment import Experiment
+from broker.core.experiment_specs import KEEPER_ROUNDS_RULES
 from broker.core.schemas import Budget, Initialization, Yield
 from broker.core.settings import Settings
 from broker.runtime.control import sleep_or_stop, watch_stop
@@ -86,14 +87,13 @@ READY_ROUNDS = 3
 
 
 def keeper_budget(experiment: Experiment) -> Budget:
-    """The budget of a round on the leader's pod (``leaderboard.population``): with
-    ``keeper_round = "until-yielded"`` the run's whole time budget (the run's stop or a
-    ``control.yield`` ends it sooner; the pod caps it at ``MAX_ROUND_S``), else, and
-    without a time budget or in reproducible mode, ``KEEPER_ROUNDS`` rounds."""
-    budget, total = experiment.round_budget, experiment.total_budget.seconds
-    if experiment.population.keeper_round == UNTIL_YIELDED and total is not None \
-            and not experiment.reproducible:
-        return Budget(seconds=total)
+    """The budget of a round on the leader's pod (``leaderboard.population``): when kept
+    rounds run until yielded (``Experiment.kept_rounds_yield``) the run's whole time budget
+    (the run's stop or a ``control.yield`` ends it sooner; the pod caps it at
+    ``MAX_ROUND_S``), else ``KEEPER_ROUNDS`` rounds."""
+    budget = experiment.round_budget
+    if experiment.kept_rounds_yield:
+        return Budget(seconds=experiment.total_budget.seconds)
     return Budget(steps=None if budget.steps is None else budget.steps * KEEPER_ROUNDS,
                   seconds=None if budget.seconds is None else budget.seconds * KEEPER_ROUNDS)
 
@@ -109,7 +109,8 @@ def population_config(experiment: Experiment, pods: int) -> PopulationConfig:
     rules = PopulationConfig(
         members=spec.members or max(1, pods), min_share=spec.min_share, keeper=spec.keeper,
         handover=spec.handover, stand_in=spec.stand_in, measure=spec.measure,
-        exploring=spec.exploring, training=spec.training, keeper_round=spec.keeper_round,
+        exploring=spec.exploring, training=spec.training,
+        keeper_round=UNTIL_YIELDED if experiment.kept_rounds_yield else KEEPER_ROUNDS_RULES[0],
         explore_p=experiment.explore_p,
         episodes=experiment.eval_episodes)
     if experiment.reproducible:  # every decision counts env steps (see ``Experiment``)

@@ -31,7 +31,8 @@ published: a redelivery would diverge again). So:
   evaluated and published (the work is not lost), then the pod exits 0. Only a round
   that fails is put back (nack) for another pod;
 * ``control.yield`` naming the round (``Yield``: the generator wants the leader's pod
-  for another lineage) ends it the same way, and the pod takes its next round;
+  for another lineage) ends it the same way, and the pod takes its next round (a pod
+  listens for it only when kept rounds run until yielded, ``Experiment.kept_rounds_yield``);
 * the checkpoint's id is its initialization's id, so a redelivered initialization that
   had already produced a stored checkpoint cannot add a second leaderboard row.
 """
@@ -411,8 +412,9 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
             pod = Pod(ctx, transport, runner, cache, registry)
             ctx.heartbeat(transport, role="pod", status_fn=lambda: pod.status if pod else "")
             side = [asyncio.create_task(watch_stop(ctx, transport)),
-                    asyncio.create_task(pod.publish_metrics()),
-                    asyncio.create_task(pod.watch_yields())]
+                    asyncio.create_task(pod.publish_metrics())]
+            if exp.kept_rounds_yield:  # else no round is told to yield: no queue for it
+                side.append(asyncio.create_task(pod.watch_yields()))
             started = time.monotonic()
             try:
                 await pod.serve()

@@ -139,6 +139,15 @@ class Experiment:
     evaluation cadence, torch's threads): one pod, step budgets and a seed give the same
     leaderboard twice. Needs ``round_budget.steps`` and ``total_budget.env_steps``."""
 
+    @property
+    def kept_rounds_yield(self) -> bool:
+        """Whether a round on the kept pod runs until the run ends or it is told to yield
+        (``population.keeper_round = "until-yielded"``): only with a time budget, so never
+        in reproducible mode (a yield depends on timing); else it is three rounds long.
+        The generator's budget, the planner's yields and the pods' listening follow it."""
+        return (self.population.keeper_round == KEEPER_ROUNDS_RULES[1]  # "until-yielded"
+                and self.total_budget.seconds is not None)
+
     def overrides_for(self, algorithm: str) -> dict[str, Scalar]:
         """The pinned hyperparameters of ``algorithm`` (``num_envs`` included)."""
         out: dict[str, Scalar] = dict(self.hparams.get(algorithm, {}))

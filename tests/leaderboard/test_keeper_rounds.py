@@ -55,6 +55,15 @@ def test_three_round_keepers_and_step_budgets_keep_rounds_of_three(tmp_path: Pat
     steps = default_experiment("torch/Pendulum-v1", total_budget={"env_steps": 100_000},
                                round_budget={"steps": 1000}, reproducible=True)
     assert keeper_budget(steps) == Budget(steps=1000 * KEEPER_ROUNDS)
+    # "until-yielded" needs a time budget and timing: without either, three rounds, and the
+    # planner tells no round to yield
+    for reproducible in (False, True):
+        told = default_experiment("torch/Pendulum-v1", total_budget={"env_steps": 100_000},
+                                  round_budget={"steps": 1000}, reproducible=reproducible,
+                                  **{"population.keeper_round": UNTIL_YIELDED})
+        assert not told.kept_rounds_yield
+        assert keeper_budget(told) == Budget(steps=1000 * KEEPER_ROUNDS)
+        assert population_config(told, pods=2).keeper_round == "three-rounds"
 
 
 def test_the_kept_lineage_learns_from_its_own_data_only_with_pool_keeper_false(

@@ -241,7 +241,11 @@ async def test_a_round_told_to_yield_ends_early_is_published_and_the_pod_goes_on
         rig: Rig) -> None:
     # the generator wants the leader's pod for another lineage (``control.yield``): the
     # round, budgeted for ten minutes, ends, evaluated and published; the pod takes more
-    ctx, task = rig.service(pod_service.main, "pod-y")
+    # (a pod listens for it when kept rounds run until yielded)
+    exp = rig.settings.experiment.with_overrides(**{"population.keeper_round": "until-yielded"})
+    assert exp.kept_rounds_yield
+    ctx, task = rig.service(pod_service.main, "pod-y",
+                            dataclasses.replace(rig.settings, experiment=exp))
     name = rig.settings.experiment.name
     long = _init(rig, budget=Budget(seconds=600.0))
     other = _init(rig, budget=Budget(seconds=600.0))
