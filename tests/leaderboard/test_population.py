@@ -21,6 +21,8 @@ from leaderboard.population import (
     OUTGROWN,
     STAND_IN,
     UNTIL_YIELDED,
+    YIELD_AGAIN_S,
+    YIELD_LOOK_S,
     Family,
     Plan,
     Planner,
@@ -697,9 +699,12 @@ def test_a_new_best_takes_the_next_free_pod_while_the_last_keepers_round_runs(
 def test_a_kept_lineage_yields_its_long_round_to_a_new_keeper_once(
         store: LeaderboardStore) -> None:
     # a keeper's round runs until the run ends; when another algorithm is to keep the pod
-    # and its best lineage is idle, the generator tells that round to yield (once); the
-    # new keeper's round is decided once the yielded round's result is stored
+    # and its best lineage is idle, the generator tells that round to yield (once), on a
+    # report of the round's made after the new keeper's best; the new keeper's round is
+    # decided once the yielded round's result is stored
     planner = _td3_kept_then_sac_best(store, keeper_round=UNTIL_YIELDED)
+    assert planner.yields() == []  # td3's round has not reported since sac2 was stored
+    _report(store, "td32", 1100.0)
     assert planner.yields() == [("td32", "sac is to keep the pod")]
     assert planner.yields() == []  # named once
     assert not planner.next().keeper  # the other pod, freed first: an ordinary round
@@ -712,12 +717,30 @@ def test_a_kept_lineage_yields_its_long_round_to_a_new_keeper_once(
     assert planner.yields() == []  # sac keeps it now
 
 
+def test_a_yield_not_answered_is_told_again(store: LeaderboardStore) -> None:
+    # events are best-effort, and a round told to yield holds the kept pod until it is
+    # back: one not back after YIELD_AGAIN_S is told again, until it is back
+    planner = _td3_kept_then_sac_best(store, keeper_round=UNTIL_YIELDED)
+    now = _still_clock(planner)
+    now[0] += YIELD_LOOK_S  # td3's round looked for a new best since, and found none
+    assert planner.yields() == [("td32", "sac is to keep the pod")]
+    now[0] += YIELD_AGAIN_S - 1.0
+    assert planner.yields() == []
+    now[0] += 1.0
+    assert planner.yields() == [("td32", "sac is to keep the pod")]
+    assert planner.yields() == []
+    _put(store, "td32", "td3", 1200.0, parent="td31")  # back
+    now[0] += YIELD_AGAIN_S
+    assert planner.yields() == []
+
+
 def test_a_yielded_round_whose_result_beats_the_new_keeper_keeps_the_pod(
         store: LeaderboardStore) -> None:
     # HalfCheetah (seed 1): SAC's kept round was told to yield 45 s in, before its first
     # snapshot, because TD3's 6062 had passed SAC's last published 5981; the round ended
     # at 6663, but TD3's long round had taken the pod freed first and kept it to the end
     planner = _td3_kept_then_sac_best(store, keeper_round=UNTIL_YIELDED)
+    _report(store, "td32", 1100.0)
     assert planner.yields() == [("td32", "sac is to keep the pod")]
     assert not planner.next().keeper  # the other pod, freed first: an ordinary round
     planner.issued("y", Plan("ppo", None, False, "test"))
@@ -733,6 +756,7 @@ def test_no_yield_while_the_new_keepers_lineage_is_busy_or_by_three_rounds(
     planner.issued("sac3", Plan("sac", store.get("sac2"), False, "test"))  # sac2 busy
     assert planner.yields() == []
     _put(store, "sac3", "sac", 1600.0, parent="sac2")
+    _report(store, "td32", 1100.0)
     assert planner.yields() == [("td32", "sac is to keep the pod")]
     with LeaderboardStore(tmp_path / "three") as other:
         assert _td3_kept_then_sac_best(other).yields() == []  # three rounds, the default
@@ -755,7 +779,10 @@ def test_a_kept_long_round_yields_to_an_idle_lineage_of_its_own_that_outgrew_it(
     planner.issued("k", kept)
     _put(store, "k.1", "sac", 950.0, parent="sac1", init_id="k")  # its intermediate best
     _settle_back(store, planner, "x")
+    now = _still_clock(planner)
     _put(store, "b", "sac", branch, parent="sac1", hparams={"lr": 2e-3})  # a branch, back
+    assert planner.yields() == []  # the round has not reported since: it may have risen
+    now[0] += YIELD_LOOK_S  # it looked for a new best since, and found none
     if not yields:
         assert planner.yields() == []
         return
@@ -783,6 +810,19 @@ def _td3_kept_then_sac_best(store: LeaderboardStore, **config: Any) -> Planner:
     _settle_back(store, planner, "x")
     _put(store, "sac2", "sac", 1500.0, parent="sac1")  # sac now holds the best checkpoint
     return planner
+
+
+def _report(store: LeaderboardStore, init_id: str, score: float) -> None:
+    """The kept round ``init_id`` (of td3, continuing ``td31``) reports an intermediate
+    best."""
+    _put(store, f"{init_id}.1", "td3", score, parent="td31", init_id=init_id)
+
+
+def _still_clock(planner: Planner) -> list[float]:
+    """The planner's clock from now on: stands still until the test moves ``now[0]``."""
+    now = [planner.clock()]
+    planner.clock = lambda: now[0]
+    return now
 
 
 def _settle_back(store: LeaderboardStore, planner: Planner, init_id: str) -> None:

@@ -77,12 +77,17 @@ def _lineage(store: LeaderboardStore, algorithm: str, scores: list[float]) -> No
     parent = None
     for n, score in enumerate(scores):
         cid = f"{algorithm}{n}"
-        store.insert(Checkpoint(id=cid, experiment="gen-yield", init_id=cid, pod="pod-1",
-                                algorithm=algorithm, env="torch/Pendulum-v1", hparams={},
-                                state={"w": torch.zeros(2)}, score_mean=score, score_std=1.0,
-                                env_steps=100, wall_time=20.0, parent_id=parent,
-                                created=time.time()))
+        _insert(store, cid, algorithm, score, parent)
         parent = cid
+
+
+def _insert(store: LeaderboardStore, cid: str, algorithm: str, score: float,
+            parent: str | None, init_id: str | None = None) -> None:
+    store.insert(Checkpoint(id=cid, experiment="gen-yield", init_id=init_id or cid,
+                            pod="pod-1", algorithm=algorithm, env="torch/Pendulum-v1",
+                            hparams={}, state={"w": torch.zeros(2)}, score_mean=score,
+                            score_std=1.0, env_steps=100, wall_time=20.0, parent_id=parent,
+                            created=time.time()))
 
 
 async def test_the_generator_tells_a_kept_round_to_yield_to_a_new_keeper(
@@ -109,6 +114,8 @@ async def test_the_generator_tells_a_kept_round_to_yield_to_a_new_keeper(
         maker.planner.issued("td3-long", kept)
         assert maker.planner.yields() == []
         _lineage(store, "sac", [0.0, 900.0, 1500.0])  # sac2: the best checkpoint now
+        # the kept round reports an intermediate best after it: it is told on that report
+        _insert(store, "td3-long.1", "td3", 1100.0, "td31", init_id="td3-long")
         async with connect("memory://", experiment=exp.name, memory=MemoryBroker()) as transport, \
                 transport.subscribe(["control.yield"], service="test") as yields:
             stocking = asyncio.create_task(keep_stocked(ctx, transport, maker))
