@@ -750,9 +750,8 @@ class Planner:
 
     def _keeper_round(self, keeps: str) -> Plan | None:
         """The round of the pod ``keeps``'s best lineage is to keep, if one is due now. A
-        kept round told to yield still holds the pod until its result is stored: the
-        yield was decided on its last snapshot, and its result may decide otherwise
-        (``UNTIL_YIELDED``)."""
+        kept round told to yield still holds the pod until its result is stored, which
+        may keep the pod for its lineage (``UNTIL_YIELDED``)."""
         keeping = {r.plan.algorithm for r in self._issued.values() if r.plan.keeper}
         if keeps in keeping:
             return None
