@@ -22,7 +22,7 @@ state, hyperparameters):
 * a round on the leader's pod of its own (``Plan.keeper``) runs ``KEEPER_ROUNDS``
   rounds (``keeper_budget``); with ``population.keeper_round = "until-yielded"`` it runs
   until the run's time budget ends, reporting intermediate bests as it goes
-  (``agents.pod.runner.SNAPSHOT_EVERY_S``), unless another lineage is to keep the pod
+  (``broker.core.experiment_specs.SNAPSHOT_EVERY_S``), unless another lineage is to keep the pod
   (another algorithm's, or one of its own that outgrew it): the generator then
   publishes ``control.yield`` naming it (``Planner.yields``, looked at before every
   issue) and the pod ends it; the next kept round is decided once its result is stored.

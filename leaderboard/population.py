@@ -142,7 +142,6 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from agents.pod.runner import SNAPSHOT_EVERY_S
 from broker.core.errors import ConfigError
 from broker.core.experiment_specs import (
     EXPLORINGS,
@@ -150,6 +149,7 @@ from broker.core.experiment_specs import (
     KEEPER_ROUNDS_RULES,
     KEEPERS,
     MEASURES,
+    SNAPSHOT_EVERY_S,
     STAND_INS,
     TRAININGS,
     check_rules,
@@ -210,8 +210,8 @@ the next round could continue it; the other pod, whose checkpoints were seldom
 candidates, lost 10 s."""
 UNTIL_YIELDED = "until-yielded"
 """A value of ``PopulationConfig.keeper_round`` (not the default): a keeper's round runs
-until the run's time budget ends, reporting its intermediate bests every ``agents.pod.runner.
-SNAPSHOT_EVERY_S``, unless another algorithm is to keep the pod: then ``Planner.yields``
+until the run's time budget ends, reporting its intermediate bests every
+``SNAPSHOT_EVERY_S``, unless another algorithm is to keep the pod: then ``Planner.yields``
 names it, the generator publishes ``control.yield`` and the pod ends it (evaluated and
 published, as a round that ran out) and takes its next. So the leader's lineage trains
 as a lone pod's one long round does, with no gap between rounds. In ``three-rounds``

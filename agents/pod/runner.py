@@ -41,6 +41,7 @@ from agents.pod.round import Progress, RoundResult, train_round
 from agents.replay import ReplayBuffer
 from broker.core.errors import EnvUnavailable
 from broker.core.experiment import DEFAULT_POOL_OWN_SHARE, POOL_INTAKES, POOL_WARM_FROM
+from broker.core.experiment_specs import SNAPSHOT_EVERY_S
 from broker.core.schemas import Budget
 from broker.runtime.faults import Fault, Faulted, Verdict, fault_of, judge, one_line
 from envs.base import VecEnv
@@ -50,11 +51,6 @@ log = logging.getLogger(__name__)
 Report = Callable[[Progress], None]
 ShouldStop = Callable[[], bool]
 
-
-SNAPSHOT_EVERY_S = 60.0
-"""Interval between a long round's intermediate bests. Each costs an evaluation in the
-pod and, as a would-be best, the updater's measurement (on HalfCheetah 4-6 s while two
-pods train), so a long round on the leader's pod reports as seldom as a lone pod's."""
 
 @dataclasses.dataclass(frozen=True)
 class RoundJob:

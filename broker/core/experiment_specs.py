@@ -164,6 +164,11 @@ class PopulationSpec:
     lineage is continued by a new round (``leaderboard.population.UNTIL_YIELDED``)."""
 
 
+SNAPSHOT_EVERY_S = 60.0
+"""Interval between a long round's intermediate bests (``agents.pod.round``; the planner
+reads it too, ``leaderboard.population.YIELD_LOOK_S``). Each costs an evaluation in the
+pod and, as a would-be best, the updater's measurement (on HalfCheetah 4-6 s while two
+pods train), so a long round on the leader's pod reports as seldom as a lone pod's."""
 MIN_ROUND_S = 10.0
 MAX_ROUND_S = 120.0
 ROUNDS_PER_BUDGET = 15
