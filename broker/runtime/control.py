@@ -30,9 +30,11 @@ async def watch_stop(ctx: ServiceContext[Any], transport: Transport) -> None:
 async def drain_until_idle(ctx: ServiceContext[Any], items: AsyncIterator[T],
                            idle_s: float, settled: asyncio.Event | None = None
                            ) -> AsyncIterator[T]:
-    """Yield ``items``; once ``ctx.stopping`` is set, end after ``idle_s`` without one, or
-    as soon as none is waiting once ``settled`` is set (every producer has finished, as
-    embedded mode knows when its pods have returned).
+    """Yield ``items``; once ``ctx.stopping`` is set, end after ``idle_s`` without one, or,
+    given ``settled`` (embedded mode knows when its pods have returned), as soon as none
+    is waiting once it is set, however long that takes: a producer that knows is waited
+    for. (Hopper-v5, 300 s: a pod's 60-s round, stopped 25 s in, was published more than
+    ``idle_s`` after the other pod's last checkpoint, and the run ended without it.)
 
     The wait for the next item is polled, never cancelled, until the end: cancelling it
     could land inside the transport's dead-lettering of a bad message (a confirmed
@@ -51,9 +53,10 @@ async def drain_until_idle(ctx: ServiceContext[Any], items: AsyncIterator[T],
                 if ctx.stopping.is_set():
                     if done:
                         return
-                    idle_since = idle_since or time.monotonic()
-                    if time.monotonic() - idle_since >= idle_s:
-                        return
+                    if settled is None:
+                        idle_since = idle_since or time.monotonic()
+                        if time.monotonic() - idle_since >= idle_s:
+                            return
                 continue
             taken, waiting = waiting, None
             try:

@@ -63,6 +63,42 @@ async def test_a_slow_next_item_is_awaited_not_cancelled(experiment: str,
     assert got == [2, 1, 0] and items.cancelled == 0
 
 
+class LateProducer:
+    """One item that takes longer than the drain loop polls, then nothing until the test
+    ends (a producer that has returned)."""
+
+    def __init__(self) -> None:
+        self.sent = False
+        self.never = asyncio.Event()
+
+    def __aiter__(self) -> LateProducer:
+        return self
+
+    async def __anext__(self) -> str:
+        if self.sent:
+            await self.never.wait()
+            raise StopAsyncIteration
+        await asyncio.sleep(SLOW_S)  # the work of producing it, not synchronisation
+        self.sent = True
+        return "late"
+
+
+async def test_a_drain_that_knows_its_producers_waits_for_them(experiment: str,
+                                                                tmp_path: Path) -> None:
+    # stopping, and idle longer than idle_s: without ``settled`` the drain ends; given it,
+    # it waits for the late item, and ends once the producers are done and none waits
+    ctx = ServiceContext(Settings(experiment=default_experiment(ENV).with_overrides(
+        name=experiment), broker="memory://", store=tmp_path), "drain")
+    ctx.stop()
+    assert [item async for item in drain_until_idle(ctx, LateProducer(), idle_s=0.0)] == []
+    settled = asyncio.Event()
+    got = []
+    async for item in drain_until_idle(ctx, LateProducer(), idle_s=0.0, settled=settled):
+        got.append(item)
+        settled.set()
+    assert got == ["late"]
+
+
 async def test_slow_dead_lettering_never_starves_the_consumer(
     rig: Rig, experiment: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
