@@ -29,8 +29,9 @@ missing, out of memory) puts the checkpoint back; the updater stops consuming, s
 in one line and on its heartbeat, and probes (builds the env again) with backoff before
 it consumes again. The validation env is built once and kept. On
 ``control.stop`` or SIGTERM the updater drains: it keeps storing what is in the queue
-until it has been idle for ``DRAIN_IDLE_S`` seconds, then exits 0; while the store is
-down it returns what it holds and exits.
+until it has been idle for ``DRAIN_IDLE_S`` seconds (in embedded mode, until every pod
+has returned and the queue is empty: a pod's shortened last round may come later than
+that), then exits 0; while the store is down it returns what it holds and exits.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ from leaderboard.store import Entry, LeaderboardStore, Retention, short_id
 log = logging.getLogger(__name__)
 
 DRAIN_IDLE_S = 5.0
-"""After a stop, the updater exits once its queue has been empty this long."""
+"""After a stop, the updater exits once its queue has been empty this long (not in
+embedded mode: there it waits for its pods, ``main``)."""
 PREFETCH = 8
 """Checkpoints in flight: validation and storage are quick, so keep a few buffered."""
 STORE_BACKOFF = (0.5, 30.0)
@@ -505,8 +507,9 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
                pods_done: asyncio.Event | None = None) -> int:
     """Run the updater until ``control.stop`` or SIGTERM, then drain and exit 0.
 
-    The drain ends after ``DRAIN_IDLE_S`` without a checkpoint, or as soon as the queue
-    is empty once ``pods_done`` is set (embedded mode knows when its pods returned)."""
+    The drain ends after ``DRAIN_IDLE_S`` without a checkpoint; given ``pods_done``
+    (embedded mode knows when its pods returned), only once it is set and the queue is
+    empty."""
     settings = ctx.settings
     blobs = FileBlobStore(settings.store)
     with LeaderboardStore(settings.store) as store:
