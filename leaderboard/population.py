@@ -208,7 +208,7 @@ HalfCheetah with one-round keeper rounds: the leader's pod stood idle 4-7 s afte
 round (55 s of 300) while the updater measured its checkpoint, a would-be best, before
 the next round could continue it; the other pod, whose checkpoints were seldom
 candidates, lost 10 s."""
-UNTIL_YIELDED = "until-yielded"
+UNTIL_YIELDED = KEEPER_ROUNDS_RULES[1]
 """A value of ``PopulationConfig.keeper_round`` (not the default): a keeper's round runs
 until the run's time budget ends, reporting its intermediate bests every
 ``SNAPSHOT_EVERY_S``, unless another algorithm is to keep the pod: then ``Planner.yields``
