@@ -29,9 +29,10 @@ machine). Rows:
   ``tournament-measureready``, ``tournament-measuretworounds``: with an algorithm
   measured until it has trained ``ready_s``, or for two rounds (``population.measure``);
   ``tournament-explorechallengers``, ``tournament-exploremix``,
-  ``tournament-explorenear``: with the keeper's algorithm at its floor on the other pods
-  while it has a challenger, at its mix weight, or with only its challengers above
-  their floors there (``population.exploring``); ``tournament-trainingdata``,
+  ``tournament-explorenear``, ``tournament-explorerising``: with the keeper's algorithm
+  at its floor on the other pods while it has a challenger, at its mix weight, or with
+  only its challengers above their floors there, and with that and an algorithm stalled
+  behind every other's best at its floor (``population.exploring``); ``tournament-trainingdata``,
   ``tournament-trainingown``: with equal training counting the pool rows a member
   learned from, or its own rounds only (``population.training``);
   ``tournament-envthreads1``, ``tournament-envthreadsall``:

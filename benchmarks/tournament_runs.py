@@ -91,6 +91,7 @@ TOURNAMENTS: dict[str, Mapping[str, Any]] = {
     "tournament-explorechallengers": {"population.exploring": "challengers"},
     "tournament-exploremix": {"population.exploring": "mix"},
     "tournament-explorenear": {"population.exploring": "near"},
+    "tournament-explorerising": {"population.exploring": "rising"},
     "tournament-trainingdata": {"population.training": "data"},
     "tournament-trainingown": {"population.training": "own"},
     "tournament-envthreads1": {"env_kwargs": {"num_threads": 1}},

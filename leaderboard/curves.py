@@ -142,24 +142,43 @@ def near(curves: Mapping[str, Curve], a: str, b: str, drop: float) -> bool:
     return curves[a].at(point) >= score_b - drop * abs(score_b)
 
 
+def stalled(curves: Mapping[str, Curve], a: str, drop: float, window: int) -> bool:
+    """Whether ``a`` is behind every other algorithm's best so far by more than ``drop``
+    of that best's magnitude, and its own best so far rose by no more than ``drop`` of
+    its magnitude over its last ``window`` evaluations (``STALLED`` in
+    ``leaderboard.population``). Nothing at equal training: an algorithm that learns from
+    the experience pool counts that data as training, so one that stood still on its own
+    can read as ahead of it."""
+    others = [c.best for name, c in curves.items() if name != a]
+    curve = curves[a]
+    if not others or len(curve.points) < 2:
+        return False
+    lowest = min(others)
+    risen = curve.best - curve.points[max(0, len(curve.points) - window)][1]
+    return lowest - curve.best > drop * abs(lowest) and risen <= drop * abs(curve.best)
+
+
 def exploring(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
               min_share: float, episodes: int = 1, ready: float = 0.0,
-              kept: str | None = None, drop: float = 0.0, only_near: bool = False
-              ) -> dict[str, float]:
+              kept: str | None = None, drop: float = 0.0, only_near: bool = False,
+              window: int = 0) -> dict[str, float]:
     """The weights of the exploring pods' round robin (``leaderboard.population``, step
     1): the mix, but an algorithm that has trained ``ready`` and is behind every other
-    at equal training (it loses each of its ``pairs``) keeps only its floor,
-    ``min_share`` times its weight, and so does ``kept``, the algorithm whose best
-    lineage has a pod of its own, while it has a challenger: another algorithm not
-    behind every other and ``near`` it (within ``drop``) at equal training. With none,
-    the kept algorithm's other lineages are the exploring pods' best use. ``only_near``:
-    every other algorithm that is not such a challenger keeps its floor too, so with no
-    challenger the kept algorithm's other lineages take the rest."""
+    at equal training (it loses each of its ``pairs``), or, with ``window``, ``stalled``
+    behind every other's best, keeps only its floor, ``min_share`` times its weight, and
+    so does ``kept``, the algorithm whose best lineage has a pod of its own, while it has
+    a challenger: another algorithm not at its floor and ``near`` it (within ``drop``)
+    at equal training. With none, the kept algorithm's other lineages are the exploring
+    pods' best use. ``only_near``: every other algorithm that is not such a challenger
+    keeps its floor too, so with no challenger the kept algorithm's other lineages take
+    the rest."""
     measured = {a: c for a in mix if (c := curves.get(a)) is not None}
     tally = pairs(measured, episodes)
     others = len(measured) - 1
     floor = {a for a, c in measured.items()
-             if others > 0 and tally[a][1] == others and c.own_training >= ready}
+             if others > 0 and c.own_training >= ready and (
+                 tally[a][1] == others
+                 or (window > 0 and stalled(measured, a, drop, window)))}
     if kept in measured:
         challengers = {a for a in measured if a != kept and a not in floor
                        and near(measured, a, kept, drop)}

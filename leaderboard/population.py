@@ -313,6 +313,17 @@ kept lineage's 3127; in seed 2 the two SAC lineages reached 2146 and 934 (by
 "challengers" SAC's kept lineage reached 2926 beside PPO's rounds). On HalfCheetah
 both rules decide alike while the runner-up is within a quarter of the keeper and PPO
 is behind every other, as in every run measured there."""
+RISING = "rising"
+"""A rule of the exploring pods (``PopulationConfig.exploring``): ``NEAR``, and an
+algorithm ``stalled`` behind every other's best (``leaderboard.curves.stalled``: behind
+each by more than ``RETURN_DROP`` of its magnitude, and risen by no more than that share
+of its own over its last ``window`` evaluations) keeps only its floor there, as one
+behind every other at equal training does. Seen on Hopper-v5 (seeds 1 and 2, the lone SAC
+pod at about 700 env steps/s): PPO, flat at 175-186, took two 26-s rounds of the exploring
+pod as the keeper's challenger while SAC's lineage waited 51 s and 75 s for a pod. TD3,
+the keeper, had learned from about 78k pool rows, so its first checkpoint counted as
+about 100 s of training (``DATA``) and PPO, at 69-96 s, read as ahead of it at equal
+training and near it."""
 DATA = "data"
 """The default of ``PopulationConfig.training``: equal training counts a round's own
 seconds (env steps, reproducible) and the experience-pool rows it learned from, each at
@@ -686,7 +697,9 @@ class Planner:
             return measuring
         held = self.incumbent if cfg.exploring != MIX else None
         weights = exploring(self.mix, curves, cfg.min_share, cfg.episodes, cfg.ready_s,
-                            held, RETURN_DROP, cfg.exploring == NEAR) if shared_pods else share
+                            held, RETURN_DROP, cfg.exploring in (NEAR, RISING),
+                            cfg.window if cfg.exploring == RISING else 0) \
+            if shared_pods else share
         # an algorithm not measured yet runs one round at a time (HalfCheetah, measured: a
         # second, fresh TD3 lineage started while the first was being measured, trained
         # 86 s at -550 to -780, and the leader's lineage waited 25 s for a pod)

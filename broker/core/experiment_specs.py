@@ -75,7 +75,7 @@ STAND_INS = ("one-round", "long")
 """The values of ``PopulationSpec.stand_in``, the default first."""
 MEASURES = ("ready", "two-rounds")
 """The values of ``PopulationSpec.measure``, the default first."""
-EXPLORINGS = ("near", "challengers", "mix")
+EXPLORINGS = ("near", "rising", "challengers", "mix")
 """The values of ``PopulationSpec.exploring``, the default first."""
 TRAININGS = ("data", "own")
 """The values of ``PopulationSpec.training``, the default first."""

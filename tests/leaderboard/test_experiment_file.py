@@ -81,7 +81,8 @@ def test_defaults_of_a_minimal_file() -> None:
     (with_(population={"measure": "start"}),
      r"population\.measure: unknown measure 'start' \(use one of ready, two-rounds\)"),
     (with_(population={"exploring": "all"}),
-     r"population\.exploring: unknown exploring 'all' \(use one of near, challengers, mix\)"),
+     r"population\.exploring: unknown exploring 'all' "
+     r"\(use one of near, rising, challengers, mix\)"),
     (with_(population={"training": "pool"}),
      r"population\.training: unknown training 'pool' \(use one of data, own\)"),
     (with_(target_score=float("nan")), r"target_score: expected a finite number"),

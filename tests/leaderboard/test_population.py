@@ -15,7 +15,7 @@ import torch
 
 from broker.core.errors import ConfigError
 from broker.core.schemas import Checkpoint
-from leaderboard.curves import Curve, exploring, leader, pairs, shares
+from leaderboard.curves import Curve, exploring, leader, pairs, shares, stalled
 from leaderboard.population import (
     MEASURE,
     OUTGROWN,
@@ -531,6 +531,30 @@ def test_by_near_the_exploring_pods_train_the_challengers_else_the_keepers_algor
     # td3 is owed the round by the mix; by "near" it is not near sac: sac's other lineage
     assert planners["challengers"].next().algorithm == "td3"
     assert planners["near"].next().algorithm == "sac"
+
+
+def test_by_rising_an_algorithm_stalled_behind_every_others_best_keeps_its_floor() -> None:
+    # Hopper-v5 (seed 1, the lone SAC pod at about 700 env steps/s): PPO, flat at 175-186,
+    # read as ahead of TD3, the keeper, at equal training (TD3's first checkpoint counted
+    # about 100 s of pool data) and near it, so it took the exploring pod as a challenger
+    # while SAC's lineage waited for a pod
+    ppo = Curve(((20.0, 100.0, 0.0), (40.0, 150.0, 0.0), (61.0, 175.0, 0.0),
+                 (78.0, 180.0, 0.0), (96.0, 186.0, 0.0)))
+    curves = {"ppo": ppo,
+              "sac": Curve(((20.0, 100.0, 0.0), (40.0, 250.0, 0.0), (60.0, 333.0, 0.0))),
+              "td3": Curve(((100.0, 169.0, 0.0), (136.0, 357.0, 0.0)))}
+    assert pairs(curves)["ppo"] == (1, 1)  # ahead of TD3 at equal training
+    assert stalled(curves, "ppo", 0.25, 4) and not stalled(curves, "sac", 0.25, 4)
+    by_near = exploring(MIX, curves, 0.15, kept="td3", drop=0.25, only_near=True)
+    assert by_near == pytest.approx({"ppo": 1.0, "sac": 1.0, "td3": 0.15})
+    by_rising = exploring(MIX, curves, 0.15, kept="td3", drop=0.25, only_near=True, window=4)
+    assert by_rising == pytest.approx({"ppo": 0.15, "sac": 1.0, "td3": 0.15})
+    # still rising over its last four evaluations (60 to 186): a challenger
+    risen = Curve(((20.0, 50.0, 0.0), (40.0, 60.0, 0.0), *ppo.points[2:]))
+    assert not stalled({**curves, "ppo": risen}, "ppo", 0.25, 4)
+    # within a quarter of the lowest other best: not stalled, however flat
+    assert not stalled({**curves, "sac": Curve(((20.0, 200.0, 0.0), (60.0, 240.0, 0.0)))},
+                       "ppo", 0.25, 4)
 
 
 def test_the_leaders_pod_returns_a_fallen_lineage_to_its_best_checkpoint(
