@@ -145,7 +145,9 @@ class PopulationSpec:
     (algorithms within a quarter of it at equal training) at their mix weight and every
     other algorithm at its floor, the keeper's own (it has a pod of its own) included
     while it has a challenger, so with none its other lineages take the rest;
-    ``challengers``, the mix, but the keeper's algorithm while it has a challenger, and an
+    ``rising``, that, and an algorithm stalled behind every other's best (behind each by
+    more than a quarter, and risen by no more than a quarter of its own over its last
+    four evaluations) at its floor too; ``challengers``, the mix, but the keeper's algorithm while it has a challenger, and an
     algorithm behind every other, at their floor; ``mix``, the mix with only the one
     behind at its floor (``leaderboard.population``)."""
     training: str = TRAININGS[0]
