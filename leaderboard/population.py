@@ -323,7 +323,13 @@ pod at about 700 env steps/s): PPO, flat at 175-186, took two 26-s rounds of the
 pod as the keeper's challenger while SAC's lineage waited 51 s and 75 s for a pod. TD3,
 the keeper, had learned from about 78k pool rows, so its first checkpoint counted as
 about 100 s of training (``DATA``) and PPO, at 69-96 s, read as ahead of it at equal
-training and near it."""
+training and near it. Measured on a fast machine (the lone SAC pod at 2,085-2,279 env
+steps/s; seeds 0-2 interleaved, ``benchmarks.tournament --methods
+tournament,tournament-explorerising,sac``): Hopper "rising" 3098 ± 177, "near" 3072 ±
+272, SAC alone 3148 ± 86 (by "near" PPO took one 26-s round in two of three runs, by
+"rising" none); HalfCheetah 7368 ± 877, 8400 ± 275 and 7859 ± 1708, where the rule
+changed no decision (the gap is the runs' noise). Not the default: the
+case it is for arose on a slow machine, where it was not measured."""
 DATA = "data"
 """The default of ``PopulationConfig.training``: equal training counts a round's own
 seconds (env steps, reproducible) and the experience-pool rows it learned from, each at

@@ -147,8 +147,9 @@ class PopulationSpec:
     while it has a challenger, so with none its other lineages take the rest;
     ``rising``, that, and an algorithm stalled behind every other's best (behind each by
     more than a quarter, and risen by no more than a quarter of its own over its last
-    four evaluations) at its floor too; ``challengers``, the mix, but the keeper's algorithm while it has a challenger, and an
-    algorithm behind every other, at their floor; ``mix``, the mix with only the one
+    four evaluations) at its floor too; ``challengers``, the mix, but the keeper's
+    algorithm while it has a challenger, and an algorithm behind every other, at their
+    floor; ``mix``, the mix with only the one
     behind at its floor (``leaderboard.population``)."""
     training: str = TRAININGS[0]
     """What "equal training" counts when algorithms are compared (``leaderboard.curves``):
