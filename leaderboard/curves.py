@@ -145,7 +145,7 @@ def near(curves: Mapping[str, Curve], a: str, b: str, drop: float) -> bool:
 def stalled(curves: Mapping[str, Curve], a: str, drop: float, window: int) -> bool:
     """Whether ``a`` is behind every other algorithm's best so far by more than ``drop``
     of that best's magnitude, and its own best so far rose by no more than ``drop`` of
-    its magnitude over its last ``window`` evaluations (``STALLED`` in
+    its magnitude over its last ``window`` evaluations (``RISING`` in
     ``leaderboard.population``). Nothing at equal training: an algorithm that learns from
     the experience pool counts that data as training, so one that stood still on its own
     can read as ahead of it."""
