@@ -29,9 +29,13 @@ missing, out of memory) puts the checkpoint back; the updater stops consuming, s
 in one line and on its heartbeat, and probes (builds the env again) with backoff before
 it consumes again. The validation env is built once and kept. On
 ``control.stop`` or SIGTERM the updater drains: it keeps storing what is in the queue
-until it has been idle for ``DRAIN_IDLE_S`` seconds (in embedded mode, until every pod
-has returned and the queue is empty: a pod's shortened last round may come later than
-that), then exits 0; while the store is down it returns what it holds and exits.
+until every pod has returned and the queue is empty: a pod's shortened last round may
+come long after the stop. Embedded mode knows when its pods have returned; elsewhere
+(processes, compose, Swarm) the updater follows the pods' heartbeats: a pod beats on
+while it finishes its last round and then says ``STOPPED``, and a pod silent for
+``RETURN_SILENT_S`` is not waited for (``broker.runtime.control.watch_returning``; a
+stop by a signal, not by ``control.stop``, does not wait). Then it exits 0; while the
+store is down it returns what it holds and exits.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ from broker.core.errors import (
 from broker.core.schemas import Checkpoint, LeaderboardChanged, Scalar
 from broker.core.settings import Settings
 from broker.core.spaces import Spaces
-from broker.runtime.control import drain_until_idle, sleep_or_stop, watch_stop
+from broker.runtime.control import drain_until_idle, sleep_or_stop, watch_returning, watch_stop
 from broker.runtime.faults import Fault, Faulted, Health, judge, one_line
 from broker.runtime.service import ServiceContext
 from broker.runtime.supervise import Backoff
@@ -79,8 +83,13 @@ from leaderboard.store import Entry, LeaderboardStore, Retention, short_id
 log = logging.getLogger(__name__)
 
 DRAIN_IDLE_S = 5.0
-"""After a stop, the updater exits once its queue has been empty this long (not in
-embedded mode: there it waits for its pods, ``main``)."""
+"""After a stop, a drain with nobody to tell when the pods have returned ends once the
+queue has been empty this long (``broker.runtime.control.drain_until_idle``; the updater
+always knows: ``main``)."""
+DRAIN_LOOKS = 3
+"""After the drain, how many times the updater looks at its queue's depth and drains
+again while checkpoints wait there (one published just before its pod said ``STOPPED``
+may not have been delivered yet)."""
 PREFETCH = 8
 """Checkpoints in flight: validation and storage are quick, so keep a few buffered."""
 STORE_BACKOFF = (0.5, 30.0)
@@ -457,6 +466,7 @@ class Updater:
         be read (a claim check on a volume not mounted yet) stop consuming and back off;
         after a fault of this node, stop consuming and probe until it passes."""
         backoff = Backoff(*STORE_BACKOFF)
+        looks = 0
         while True:
             try:
                 async with self.transport.consume("updater", prefetch=PREFETCH,
@@ -468,6 +478,9 @@ class Updater:
                             break  # stopping while the store is down, or this node is
                         await self.sweep()
                 if self.health.down is None:
+                    if looks < DRAIN_LOOKS and await self._waiting():
+                        looks += 1
+                        continue
                     return
             except StoreUnavailable as exc:
                 delay = backoff.next()
@@ -478,6 +491,17 @@ class Updater:
                 continue
             if not await self.health.recover(self.ctx, self._probe):
                 return
+
+    async def _waiting(self) -> bool:
+        """Whether checkpoints wait in the queue after a drain (unknown: no)."""
+        if not self.ctx.stopping.is_set():
+            return False
+        try:
+            waiting, _ = await self.transport.queue_depth("updater")
+        except BrokerError as exc:
+            log.warning("after the drain: queue depth unavailable (%s)", exc)
+            return False
+        return waiting > 0
 
     async def sweep(self, every_s: float = SWEEP_EVERY_S) -> int:
         """Delete old orphan blobs (``leaderboard.janitor``) at most every ``every_s``,
@@ -507,24 +531,28 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
                pods_done: asyncio.Event | None = None) -> int:
     """Run the updater until ``control.stop`` or SIGTERM, then drain and exit 0.
 
-    The drain ends after ``DRAIN_IDLE_S`` without a checkpoint; given ``pods_done``
-    (embedded mode knows when its pods returned), only once it is set and the queue is
-    empty."""
+    The drain ends once the pods have returned and the queue is empty: given
+    ``pods_done``, once it is set (embedded mode knows when its pods returned); else
+    once the pods' heartbeats say so (``watch_returning``)."""
     settings = ctx.settings
     blobs = FileBlobStore(settings.store)
     with LeaderboardStore(settings.store) as store:
         async with connect(experiment=settings.experiment.name, blobs=blobs) as transport:
             updater = Updater(ctx, transport, store, registry, reevaluate)
             ctx.heartbeat(transport, role="updater", status_fn=updater.status)
-            stop_task = asyncio.create_task(watch_stop(ctx, transport))
+            side = [asyncio.create_task(watch_stop(ctx, transport))]
+            if pods_done is None:
+                pods_done = asyncio.Event()
+                side.append(asyncio.create_task(watch_returning(ctx, transport, pods_done)))
             try:
                 await updater.serve(pods_done)
                 if updater.health.down is None:
                     await updater.finish()
             finally:
                 updater.close()
-                stop_task.cancel()
-                await asyncio.gather(stop_task, return_exceptions=True)
+                for task in side:
+                    task.cancel()
+                await asyncio.gather(*side, return_exceptions=True)
             log.info("updater stopped: %d new checkpoints stored, %d in store",
                      updater.stored, store.count())
     return 0

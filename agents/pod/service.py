@@ -410,7 +410,9 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
     try:
         async with connect(experiment=settings.experiment.name, blobs=blobs) as transport:
             pod = Pod(ctx, transport, runner, cache, registry)
-            ctx.heartbeat(transport, role="pod", status_fn=lambda: pod.status if pod else "")
+            returned = asyncio.Event()  # beat on until the last round is published
+            ctx.heartbeat(transport, role="pod", status_fn=lambda: pod.status if pod else "",
+                          until=returned)
             side = [asyncio.create_task(watch_stop(ctx, transport)),
                     asyncio.create_task(pod.publish_metrics())]
             if exp.kept_rounds_yield:  # else no round is told to yield: no queue for it
@@ -419,11 +421,13 @@ async def main(ctx: ServiceContext[Settings], *, registry: AlgorithmRegistry,
             try:
                 await pod.serve()
             finally:
+                returned.set()
                 for task in side:
                     task.cancel()
                 await asyncio.gather(*side, return_exceptions=True)
             log.info("%s: stopped after %d rounds in %.0fs (replay cache: %d hits, %d misses)",
                      ctx.name, pod.rounds, time.monotonic() - started, cache.hits, cache.misses)
+            await ctx.farewell(transport, role="pod")  # the updater need not wait for it
     finally:
         if pod is not None:
             await pod.round_finished()  # never close envs under a running round

@@ -166,9 +166,15 @@ def pool_share(pool_rows: int, env_steps: int) -> float:
     return max(0, pool_rows) / total if total else 0.0
 
 
+STOPPED = "stopped"
+"""A ``Heartbeat``'s status when its sender is done: a pod sends it once, after its last
+round is published (``broker.runtime.control.Returning``)."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Heartbeat(Message):
-    """Any service -> events ``heartbeat.<pod>``: I am alive, doing this."""
+    """Any service -> events ``heartbeat.<pod>``: I am alive, doing this (``STOPPED``:
+    done, exiting)."""
 
     KIND: ClassVar[str] = "heartbeat"
     pod: Token

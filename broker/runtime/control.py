@@ -1,19 +1,31 @@
-"""Small pieces every service loop shares: obeying ``control.stop`` and draining."""
+"""Small pieces every service loop shares: obeying ``control.stop``, draining, and knowing
+when the pods have published their last rounds (``Returning``)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
-from broker.core.schemas import Stop
-from broker.runtime.service import ServiceContext
+from broker.core.errors import BrokerError
+from broker.core.schemas import STOPPED, Heartbeat, Stop
+from broker.runtime.service import DEFAULT_HEARTBEAT_INTERVAL, ServiceContext
 from broker.transports.base import Transport
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+RETURN_SILENT_S = 3 * DEFAULT_HEARTBEAT_INTERVAL
+"""A pod not heard from this long is not waited for (it died, or left before the stop)."""
+RETURN_HEAR_ALL_S = DEFAULT_HEARTBEAT_INTERVAL + 1.0
+"""Heartbeats followed this long, every live pod has been heard (an updater restarted
+just before the stop still learns of the pods finishing their rounds)."""
+RETURN_WAIT_S = 120.0
+"""Longest wait, after ``control.stop``, for pods that still beat and have not said
+``STOPPED``: a pod stuck in its last round does not hold the run's end for ever."""
 
 
 async def watch_stop(ctx: ServiceContext[Any], transport: Transport) -> None:
@@ -23,8 +35,90 @@ async def watch_stop(ctx: ServiceContext[Any], transport: Transport) -> None:
         async for event in events:
             if isinstance(event, Stop):
                 log.info("%s: control.stop (%s)", ctx.name, event.reason)
+                ctx.announced = event
                 ctx.stop()
                 return
+
+
+class Returning:
+    """The pods that may still publish a round: every pod heard from in the last
+    ``silent_s`` whose last heartbeat is not ``STOPPED`` (a pod beats on while it
+    finishes its last round after ``control.stop``, then says ``STOPPED``)."""
+
+    def __init__(self, since: float, silent_s: float = RETURN_SILENT_S) -> None:
+        self.since = since
+        """Monotonic time the heartbeats began to be followed."""
+        self.silent_s = silent_s
+        self.last: dict[str, tuple[float, str]] = {}
+        """Pod -> (monotonic time heard, status) of its latest heartbeat."""
+        self.changed = asyncio.Event()
+        """Set on every heartbeat of a pod (cleared by whoever waits on it)."""
+
+    def heard(self, beat: Heartbeat, now: float) -> None:
+        """Note ``beat`` (a service that is no pod publishes no rounds: ignored)."""
+        if beat.role == "pod":
+            self.last[beat.pod] = (now, beat.status)
+            self.changed.set()
+
+    def pending(self, now: float) -> list[str]:
+        """The pods still to return, by name."""
+        return sorted(pod for pod, (at, status) in self.last.items()
+                      if status != STOPPED and now - at <= self.silent_s)
+
+    def settled(self, now: float) -> bool:
+        """Whether no pod may still publish: none pending, and followed long enough to
+        have heard every live pod (``RETURN_HEAR_ALL_S``)."""
+        return not self.pending(now) and now - self.since >= RETURN_HEAR_ALL_S
+
+
+async def watch_returning(ctx: ServiceContext[Any], transport: Transport,
+                          settled: asyncio.Event, wait_s: float = RETURN_WAIT_S,
+                          silent_s: float = RETURN_SILENT_S) -> None:
+    """Follow the pods' heartbeats; once the service stops, set ``settled`` when no pod
+    may still publish a round (``Returning``), or ``wait_s`` after the stop. A service
+    stopped by a signal, not by the experiment's ``control.stop``, settles at once: its
+    pods train on (what they publish waits in the queue). Unable to hear heartbeats, it
+    waits ``silent_s`` after the stop, as for pods gone silent."""
+    try:
+        async with transport.subscribe(["heartbeat.*"]) as beats:
+            returning = Returning(time.monotonic(), silent_s)
+
+            async def hear() -> None:
+                async for beat in beats:
+                    if isinstance(beat, Heartbeat):
+                        returning.heard(beat, time.monotonic())
+
+            listener = asyncio.create_task(hear())
+            try:
+                await ctx.stopping.wait()
+                if ctx.announced is not None:
+                    await _await_returns(ctx, returning, listener, wait_s)
+            finally:
+                listener.cancel()
+                await asyncio.gather(listener, return_exceptions=True)
+    except BrokerError as exc:
+        log.warning("%s: cannot hear the pods' heartbeats (%s); after a stop it waits "
+                    "%.0f s for their last rounds", ctx.name, exc, silent_s)
+        await ctx.stopping.wait()
+        if ctx.announced is not None:
+            await asyncio.sleep(silent_s)  # a grace period: nothing to wait on
+    settled.set()
+
+
+async def _await_returns(ctx: ServiceContext[Any], returning: Returning,
+                         listener: asyncio.Task[None], wait_s: float) -> None:
+    deadline = time.monotonic() + wait_s
+    said = False
+    while not returning.settled(now := time.monotonic()) and now < deadline \
+            and not listener.done():
+        pending = returning.pending(now)
+        if pending and not said:
+            log.info("%s: waiting for %d pod(s) to publish their last rounds: %s",
+                     ctx.name, len(pending), ", ".join(pending))
+            said = True
+        returning.changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(returning.changed.wait(), 0.5)
 
 
 async def drain_until_idle(ctx: ServiceContext[Any], items: AsyncIterator[T],

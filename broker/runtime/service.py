@@ -35,7 +35,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Generic, TypeVar
 
 from broker.core.errors import BrokerError, PodracerError
-from broker.core.schemas import Heartbeat
+from broker.core.schemas import STOPPED, Heartbeat, Stop
 from broker.transports.base import Transport
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,8 @@ class ServiceContext(Generic[S]):
         self.name = name
         self.stopping = asyncio.Event()
         self.listening = asyncio.Event()
+        self.announced: Stop | None = None
+        """The ``control.stop`` that stopped the service, if one did (not a signal)."""
         """Set once the service hears ``control.stop`` (``broker.runtime.control.watch_stop``
         subscribed): a stop published from then on reaches it."""
         self._tasks: set[asyncio.Task[None]] = set()
@@ -70,22 +72,36 @@ class ServiceContext(Generic[S]):
 
     def heartbeat(
         self, transport: Transport, role: str, status_fn: Callable[[], str] | None = None,
-        interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+        interval: float = DEFAULT_HEARTBEAT_INTERVAL, until: asyncio.Event | None = None,
     ) -> asyncio.Task[None]:
-        """Publish a ``Heartbeat`` on ``heartbeat.<name>`` every ``interval`` s until stopped.
+        """Publish a ``Heartbeat`` on ``heartbeat.<name>`` every ``interval`` s until
+        stopping, or, given ``until``, until that is set (a pod beats on while it publishes
+        its last round after a stop, so the updater waits for it and not for a dead one).
 
         ``status_fn`` is called each time for the status string (default ``"running"``).
         A failed heartbeat is logged and retried next interval; it never stops the service.
         """
-        task = asyncio.create_task(self._beat(transport, role, status_fn, interval),
+        task = asyncio.create_task(self._beat(transport, role, status_fn, interval,
+                                              until or self.stopping),
                                    name=f"heartbeat-{self.name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
 
+    async def farewell(self, transport: Transport, role: str) -> None:
+        """Publish one last ``Heartbeat``, status ``STOPPED``: everything this service
+        had to publish is published (best effort: a listener also gives up on silence)."""
+        try:
+            await transport.publish_event(f"heartbeat.{self.name}", Heartbeat(
+                experiment=transport.topology.experiment, pod=self.name, role=role,
+                status=STOPPED))
+        except BrokerError as exc:
+            log.warning("last heartbeat of %s not sent: %s", self.name, exc)
+
     async def _beat(self, transport: Transport, role: str,
-                    status_fn: Callable[[], str] | None, interval: float) -> None:
-        while not self.stopping.is_set():
+                    status_fn: Callable[[], str] | None, interval: float,
+                    until: asyncio.Event) -> None:
+        while not until.is_set():
             try:
                 status = status_fn() if status_fn is not None else "running"
                 beat = Heartbeat(experiment=transport.topology.experiment, pod=self.name,
@@ -100,7 +116,7 @@ class ServiceContext(Generic[S]):
                             exc)
                 log.debug("traceback", exc_info=True)
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), interval)
+                await asyncio.wait_for(until.wait(), interval)
 
     async def until_stopping(self, items: AsyncIterator[T]) -> AsyncIterator[T]:
         """Iterate ``items`` but end as soon as ``stopping`` is set (even while waiting)."""

@@ -21,7 +21,8 @@ generator      owns ``generator`` (+ ``.dead``)  publishes ``heartbeat.generator
                                                  ``control.stop``
 updater        owns ``updater`` (+ ``.dead``)    publishes ``leaderboard.changed``,
                                                  ``heartbeat.updater-*``; reads
-                                                 ``control.stop``
+                                                 ``control.stop``, ``heartbeat.*``
+                                                 (waits for the pods' last rounds)
 orchestrator   none (reads depths passively)     publishes ``control.*``,
                                                  ``heartbeat.orchestrator-*``; reads
                                                  ``leaderboard.changed``,
@@ -130,7 +131,8 @@ def role_permissions(experiment: str, role: str) -> RolePermissions:
             read=_any(q[role], *exchanges, sub(role)),
             events_write=_any(beat, yielding) if role == "generator"
             else _any(beat, "leaderboard\\.changed"),
-            events_read=_any(stop) if role == "updater" else _any(stop, "leaderboard\\.changed"),
+            events_read=_any(stop, "heartbeat\\.\\*") if role == "updater"
+            else _any(stop, "leaderboard\\.changed"),
             work_write=f"^{role}$" if role == "generator" else _NOTHING, work_read=f"^{role}$")
     if role == "orchestrator":
         return RolePermissions(

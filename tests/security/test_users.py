@@ -49,12 +49,16 @@ async def test_each_role_does_its_job_and_a_pod_nothing_else(
             connect(urls["operator"], experiment=experiment) as operator:
         # the pod's own path: take a round, send its checkpoint and heartbeat
         # subscriber queues are named after the service that reads them (its user's)
+        # (the updater follows the pods' heartbeats: after a stop it waits for their
+        # last rounds)
         async with operator.subscribe(["heartbeat.*"], service="status") as beats, \
+                updater.subscribe(["heartbeat.*"], service="updater") as pods_beats, \
                 pod.subscribe(["control.stop"], service="pod") as stops:
             checkpoint = await take_a_round(generator, pod, experiment, seed=3)
             beat = Heartbeat(experiment=experiment, pod="pod-1")
             await pod.publish_event("heartbeat.pod-1", beat)
             assert (await next_within(beats)).id == beat.id
+            assert (await next_within(pods_beats)).id == beat.id
             # a pod may not stop the run, feed rounds, or read checkpoints
             with pytest.raises(PublishError, match="ACCESS_REFUSED"):
                 await pod.publish_event("control.stop", Stop(experiment=experiment,
