@@ -60,10 +60,10 @@ class ServiceContext(Generic[S]):
         self.name = name
         self.stopping = asyncio.Event()
         self.listening = asyncio.Event()
-        self.announced: Stop | None = None
-        """The ``control.stop`` that stopped the service, if one did (not a signal)."""
         """Set once the service hears ``control.stop`` (``broker.runtime.control.watch_stop``
         subscribed): a stop published from then on reaches it."""
+        self.announced: Stop | None = None
+        """The ``control.stop`` that stopped the service, if one did (not a signal)."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     def stop(self) -> None:
