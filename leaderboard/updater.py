@@ -82,10 +82,6 @@ from leaderboard.store import Entry, LeaderboardStore, Retention, short_id
 
 log = logging.getLogger(__name__)
 
-DRAIN_IDLE_S = 5.0
-"""After a stop, a drain with nobody to tell when the pods have returned ends once the
-queue has been empty this long (``broker.runtime.control.drain_until_idle``; the updater
-always knows: ``main``)."""
 DRAIN_LOOKS = 3
 """After the drain, how many times the updater looks at its queue's depth and drains
 again while checkpoints wait there (one published just before its pod said ``STOPPED``
@@ -461,7 +457,7 @@ class Updater:
                       delivery.message.id[:8], failure, delay)
             await sleep_or_stop(self.ctx, delay)
 
-    async def serve(self, pods_done: asyncio.Event | None) -> None:
+    async def serve(self, pods_done: asyncio.Event) -> None:
         """Consume checkpoints until drained (see ``main``); while the blob store cannot
         be read (a claim check on a volume not mounted yet) stop consuming and back off;
         after a fault of this node, stop consuming and probe until it passes."""
@@ -472,7 +468,7 @@ class Updater:
                 async with self.transport.consume("updater", prefetch=PREFETCH,
                                                   expect=Checkpoint) as inbox:
                     async for delivery in drain_until_idle(self.ctx, aiter(inbox),
-                                                            DRAIN_IDLE_S, pods_done):
+                                                            pods_done):
                         backoff.reset()
                         if not await self.settle(delivery):
                             break  # stopping while the store is down, or this node is

@@ -122,43 +122,35 @@ async def _await_returns(ctx: ServiceContext[Any], returning: Returning,
 
 
 async def drain_until_idle(ctx: ServiceContext[Any], items: AsyncIterator[T],
-                           idle_s: float, settled: asyncio.Event | None = None
-                           ) -> AsyncIterator[T]:
-    """Yield ``items``; once ``ctx.stopping`` is set, end after ``idle_s`` without one, or,
-    given ``settled`` (embedded mode knows when its pods have returned), as soon as none
-    is waiting once it is set, however long that takes: a producer that knows is waited
-    for. (Hopper-v5, 300 s: a kept round stopped 25 s in never reached the store; a pod
-    publishes its shortened round once it has evaluated it, in a rerun 4.7 s after the
-    stop and 3.3 s after the updater's last store, close to an ``idle_s`` of 5 s.)
+                           settled: asyncio.Event) -> AsyncIterator[T]:
+    """Yield ``items``; once ``ctx.stopping`` and ``settled`` are set (the producers have
+    returned: embedded mode knows, elsewhere ``watch_returning`` tells), end as soon as
+    none is waiting, however long the producers take. (Hopper-v5, 300 s: a kept round
+    stopped 25 s in never reached the store; a pod publishes its shortened round once it
+    has evaluated it, in a rerun 4.7 s after the stop and 3.3 s after the updater's last
+    store, when the drain still ended after 5 s without an item.)
 
     The wait for the next item is polled, never cancelled, until the end: cancelling it
     could land inside the transport's dead-lettering of a bad message (a confirmed
     publish, then the ack), leaving that delivery unsettled and its prefetch slot taken
     for as long as the channel lives; a few of those and the consumer gets nothing more.
     """
-    idle_since: float | None = None
     waiting: asyncio.Future[T] | None = None
     try:
         while True:
-            done = settled is not None and settled.is_set()
+            done = settled.is_set()
             if waiting is None:
                 waiting = asyncio.ensure_future(anext(items))
             finished, _ = await asyncio.wait({waiting}, timeout=0.05 if done else 0.5)
             if not finished:
-                if ctx.stopping.is_set():
-                    if done:
-                        return
-                    if settled is None:
-                        idle_since = idle_since or time.monotonic()
-                        if time.monotonic() - idle_since >= idle_s:
-                            return
+                if done and ctx.stopping.is_set():
+                    return
                 continue
             taken, waiting = waiting, None
             try:
                 item = taken.result()
             except StopAsyncIteration:
                 return
-            idle_since = None
             yield item
     finally:
         if waiting is not None:  # the end: what it held goes back when its channel closes

@@ -59,7 +59,7 @@ async def test_a_slow_next_item_is_awaited_not_cancelled(experiment: str,
     ctx = ServiceContext(Settings(experiment=default_experiment(ENV).with_overrides(
         name=experiment), broker="memory://", store=tmp_path), "drain")
     items = SlowIterator(3)
-    got = [item async for item in drain_until_idle(ctx, items, idle_s=5.0)]
+    got = [item async for item in drain_until_idle(ctx, items, asyncio.Event())]
     assert got == [2, 1, 0] and items.cancelled == 0
 
 
@@ -85,15 +85,14 @@ class LateProducer:
 
 async def test_a_drain_that_knows_its_producers_waits_for_them(experiment: str,
                                                                 tmp_path: Path) -> None:
-    # stopping, and idle longer than idle_s: without ``settled`` the drain ends; given it,
-    # it waits for the late item, and ends once the producers are done and none waits
+    # stopping, the producers not yet returned: the drain waits for the late item, and
+    # ends once they are done and none waits
     ctx = ServiceContext(Settings(experiment=default_experiment(ENV).with_overrides(
         name=experiment), broker="memory://", store=tmp_path), "drain")
     ctx.stop()
-    assert [item async for item in drain_until_idle(ctx, LateProducer(), idle_s=0.0)] == []
     settled = asyncio.Event()
     got = []
-    async for item in drain_until_idle(ctx, LateProducer(), idle_s=0.0, settled=settled):
+    async for item in drain_until_idle(ctx, LateProducer(), settled):
         got.append(item)
         settled.set()
     assert got == ["late"]
@@ -118,7 +117,7 @@ async def test_slow_dead_lettering_never_starves_the_consumer(
     await rig.transport.publish("updater", good)
     async with rig.transport.consume("updater", prefetch=PREFETCH, expect=Checkpoint) as inbox:
         async def first() -> Checkpoint:
-            async for delivery in drain_until_idle(ctx, aiter(inbox), idle_s=5.0):
+            async for delivery in drain_until_idle(ctx, aiter(inbox), asyncio.Event()):
                 await delivery.ack()
                 return delivery.message
             raise AssertionError("the inbox ended")

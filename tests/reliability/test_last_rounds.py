@@ -69,12 +69,10 @@ class LogEvent(logging.Handler):
 
 
 async def test_after_control_stop_the_updater_stores_a_pods_round_published_late(
-    services: Services, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
-    caplog: pytest.LogCaptureFixture,
+    services: Services, caplog: pytest.LogCaptureFixture,  # noqa: F811
 ) -> None:
-    # the drain's idle rule at 0 s: an updater that did not wait for its pods would end
-    # as soon as its queue is empty after the stop, before the late round is published
-    monkeypatch.setattr(updater_service, "DRAIN_IDLE_S", 0.0)
+    # the late round is published only once the updater says it waits for the pod: an
+    # updater that did not wait (one that ended 5 s after its queue emptied) never says so
     rig = services.rig
     exp = rig.experiment
     late = checkpoint(exp, ppo_state())
