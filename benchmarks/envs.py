@@ -6,9 +6,11 @@ Run: ``python benchmarks/envs.py [--seconds 0.5] [--repeats 3]``. Prints one tab
   {1, 64, 1024, 16384} against ``gymnasium.vector.SyncVectorEnv`` of ``Pendulum-v1`` at
   N in {1, 64, 1024} (stopped there: Sync's cost per copy is flat from 64 copies on, so
   16384 Python copies would only lengthen the run);
-* MuJoCo ``Ant-v5`` at 16 copies through ``envs.gym_adapter.make`` with the backend it
-  picks (``"auto"``) and with the others, against a raw ``SyncVectorEnv(16)``, plus
-  envpool's ``Ant-v5`` when envpool is installed (measured, not used: see gym_adapter).
+* MuJoCo ``Ant-v5`` at 16 copies, ``HalfCheetah-v5`` and ``Hopper-v5`` at 64 (a SAC
+  pod's copies) through ``envs.gym_adapter.make`` with the backend it picks (``"auto"``,
+  on every CPU and on one thread, as a pod beside another gets it) and with the others,
+  against a raw ``SyncVectorEnv`` of as many copies, plus envpool's ``Ant-v5`` when
+  envpool is installed (measured, not used: see gym_adapter).
 
 Each figure is the best of ``--repeats`` timed windows of about ``--seconds`` each, and
 the windows of the contenders in one comparison alternate (the machine is shared: the
@@ -16,6 +18,8 @@ best window is the least disturbed one, and a burst of load hits every contender
 alike). Actions are drawn once, before timing. Podracer rows include the torch <-> numpy
 edge; Gymnasium and envpool rows are raw numpy. Targets on a 2-core CPU: torch Pendulum
 N=16384 >= 50M steps/s and >= 100x Sync at N=1024; Ant >= 2x Sync(16).
+HalfCheetah and Hopper have no target: their rows say what the batched backend
+gives a pod (their Python step terms were most of a step).
 """
 
 from __future__ import annotations
@@ -92,31 +96,41 @@ def pendulum_rows(seconds: float, repeats: int) -> list[tuple[str, int, float, f
     return rows
 
 
-def ant_rows(seconds: float, repeats: int) -> list[tuple[str, int, float, float | None]]:
-    """Ant-v5 at 16 copies: the chosen backend, the others, envpool, raw Sync."""
+MUJOCO_TASKS = {"Ant-v5": 8, "HalfCheetah-v5": 6, "Hopper-v5": 3}
+"""The tasks the batched backend mirrors, and their action sizes."""
+
+
+def mujoco_rows(task: str, num_envs: int, seconds: float,
+                repeats: int) -> list[tuple[str, int, float, float | None]]:
+    """``task`` at ``num_envs`` copies: the chosen backend (on every CPU, and on one thread
+    as a pod beside another gets it), the others, envpool (Ant), raw Sync."""
     from envs.gym_adapter import make as make_gym
 
-    num_envs = 16
-    actions_np = np.random.default_rng(0).uniform(-1, 1, (64, num_envs, 8)).astype(np.float32)
+    act_dim = MUJOCO_TASKS[task]
+    actions_np = np.random.default_rng(0).uniform(
+        -1, 1, (64, num_envs, act_dim)).astype(np.float32)
     actions = torch.from_numpy(actions_np)
     steppers: dict[str, Stepper] = {}
-    steppers["sync"], sync = gym_sync_stepper("Ant-v5", num_envs, actions_np)
+    steppers["sync"], sync = gym_sync_stepper(task, num_envs, actions_np)
     closers: list[Any] = [sync]
-    for mode in ("auto", "threads", "sync"):
-        env = make_gym("Ant-v5", num_envs, vectorization=mode)
-        label = f"Ant-v5 {mode}: {type(env.vector_env).__name__}"
+    for mode, threads in (("auto", None), ("auto", 1), ("threads", None), ("sync", None)):
+        env = make_gym(task, num_envs, vectorization=mode, num_threads=threads)
+        on = "" if threads is None else f", {threads} thread"
+        label = f"{task} {mode}{on}: {type(env.vector_env).__name__.removesuffix('VectorEnv')}"
         steppers[label] = podracer_stepper(env, actions)
         closers.append(env)
-    try:
-        import envpool
-    except ImportError:
-        pass
-    else:
-        pool = envpool.make_gymnasium("Ant-v5", num_envs=num_envs, seed=0,
-                                      num_threads=min(num_envs, os.cpu_count() or 1))
-        pool.reset()
-        steppers["Ant-v5 envpool (numpy, not chosen)"] = lambda k: pool.step(actions_np[k % 64])
-        closers.append(pool)
+    if task == "Ant-v5":
+        try:
+            import envpool
+        except ImportError:
+            pass
+        else:
+            pool = envpool.make_gymnasium("Ant-v5", num_envs=num_envs, seed=0,
+                                          num_threads=min(num_envs, os.cpu_count() or 1))
+            pool.reset()
+            steppers["Ant-v5 envpool (numpy, not chosen)"] = lambda k: pool.step(
+                actions_np[k % 64])
+            closers.append(pool)
     rates = race(steppers, num_envs, seconds, repeats)
     for closer in closers:
         closer.close()
@@ -141,12 +155,15 @@ def main() -> None:
     torch.set_num_threads(args.torch_threads)
     print(f"cpus={os.cpu_count()} torch_threads={torch.get_num_threads()} "
           f"load_before={os.getloadavg()[0]:.2f}")
-    rows = pendulum_rows(args.seconds, args.repeats) + ant_rows(args.seconds, args.repeats)
-    print(f"{'benchmark':36} {'N':>6} {'podracer steps/s':>17} {'Sync steps/s':>13} {'ratio':>8}")
+    rows = pendulum_rows(args.seconds, args.repeats)
+    rows += mujoco_rows("Ant-v5", 16, args.seconds, args.repeats)
+    for task in ("HalfCheetah-v5", "Hopper-v5"):  # at the copies SAC's pods step
+        rows += mujoco_rows(task, 64, args.seconds, args.repeats)
+    print(f"{'benchmark':46} {'N':>6} {'podracer steps/s':>17} {'Sync steps/s':>13} {'ratio':>8}")
     for label, num_envs, ours, theirs in rows:
         sync = f"{theirs:13,.0f}" if theirs else f"{'n/a':>13}"
         ratio = f"{ours / theirs:7.2f}x" if theirs else f"{'':>8}"
-        print(f"{label:36} {num_envs:6d} {ours:17,.0f} {sync} {ratio}")
+        print(f"{label:46} {num_envs:6d} {ours:17,.0f} {sync} {ratio}")
     print(f"load_after={os.getloadavg()[0]:.2f}")
 
 

@@ -6,10 +6,12 @@ Vectorization (``make(..., vectorization=...)``):
 * ``"async"``: ``gymnasium.vector.AsyncVectorEnv``, one subprocess per copy, shared memory.
 * ``"threads"``: ``envs.threaded_vector.ThreadedVectorEnv``, the same Gymnasium copies
   stepped on a few threads; worth it for MuJoCo only, whose physics releases the GIL.
-* ``"batched"``: ``envs.mujoco_batched.AntBatchedVectorEnv``, ``Ant-v5`` only: physics
-  on threads, observation and reward terms computed for the whole batch in numpy.
-* ``"auto"`` (default): ``"batched"`` for ``Ant-v5`` and ``"threads"`` for Gymnasium's
-  other MuJoCo envs when more than one CPU and copy are there, ``"sync"`` otherwise.
+* ``"batched"``: ``envs.mujoco_batched.MujocoBatchedVectorEnv``, ``Ant-v5``,
+  ``HalfCheetah-v5`` and ``Hopper-v5`` only: physics on threads, observation and reward
+  terms computed for the whole batch in numpy.
+* ``"auto"`` (default): ``"batched"`` for those three (on one thread too: the batched
+  terms are what it saves), ``"threads"`` for Gymnasium's other MuJoCo envs when more
+  than one CPU and copy are there, ``"sync"`` otherwise.
   Every option keeps Gymnasium's semantics exactly (same rollout for the same seed and
   actions; the tests compare them).
 
@@ -204,20 +206,22 @@ def route_mujoco_warnings() -> None:
 
 def _auto(spec: gymnasium.envs.registration.EnvSpec, parallel: bool, kwargs: dict[str, Any]) -> str:
     """The fastest vectorization that keeps Gymnasium's rollout (see the module docs)."""
+    from envs.mujoco_batched import BATCHED_TASKS  # numpy and Gymnasium only, not MuJoCo
+
     entry = spec.entry_point if isinstance(spec.entry_point, str) else ""
+    if entry in BATCHED_TASKS and kwargs.get("render_mode") is None:
+        return "batched"
     if not parallel or not entry.startswith("gymnasium.envs.mujoco"):
         return "sync"
-    if entry == "gymnasium.envs.mujoco.ant_v5:AntEnv" and kwargs.get("render_mode") is None:
-        return "batched"
     return "threads"
 
 
 def _build(mode: str, env_fn: Any, num_envs: int, threads: int) -> gymnasium.vector.VectorEnv:
     fns = [env_fn] * num_envs
     if mode == "batched":
-        from envs.mujoco_batched import AntBatchedVectorEnv  # imports mujoco: only when asked
+        from envs.mujoco_batched import MujocoBatchedVectorEnv
 
-        return AntBatchedVectorEnv(fns, num_threads=threads)
+        return MujocoBatchedVectorEnv(fns, num_threads=threads)
     if mode == "threads":
         return ThreadedVectorEnv(fns, num_threads=threads)
     if mode == "async":

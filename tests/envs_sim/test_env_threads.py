@@ -40,11 +40,15 @@ def test_the_variable_sets_the_threads_of_a_mujoco_env(monkeypatch: pytest.Monke
     monkeypatch.delenv(ENV_THREADS_VAR, raising=False)
     assert env_threads() == CPUS
     monkeypatch.setenv(ENV_THREADS_VAR, "1")
-    env = make("HalfCheetah-v5", 2)
-    try:  # one thread: the copies are stepped one after another, on the calling thread
-        assert type(env.vector_env).__name__ == "SyncVectorEnv"
+    # one thread: the copies are stepped one after another, on the calling thread
+    batched, plain = make("HalfCheetah-v5", 2), make("Walker2d-v5", 2)
+    try:
+        assert type(batched.vector_env).__name__ == "MujocoBatchedVectorEnv"
+        assert batched.vector_env._ranges == [(0, 2)]  # type: ignore[attr-defined]
+        assert type(plain.vector_env).__name__ == "SyncVectorEnv"
     finally:
-        env.close()
+        batched.close()
+        plain.close()
     for bad in ("0", "two", "-1"):
         monkeypatch.setenv(ENV_THREADS_VAR, bad)
         with pytest.raises(ConfigError, match=ENV_THREADS_VAR):

@@ -95,6 +95,7 @@ def test_seeding_is_reproducible() -> None:
 
 @pytest.mark.parametrize(("task", "vectorization"), [
     ("Ant-v5", "batched"), ("Ant-v5", "threads"), ("Ant-v5", "sync"), ("Hopper-v5", "threads"),
+    ("Hopper-v5", "batched"), ("HalfCheetah-v5", "batched"),
     ("Humanoid-v5", "threads"), ("Hopper-v5", "async"),
 ])
 def test_same_rollout_as_plain_gymnasium(task: str, vectorization: str) -> None:
@@ -121,30 +122,49 @@ def test_same_rollout_as_plain_gymnasium(task: str, vectorization: str) -> None:
     env.close()
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"healthy_z_range": (0.2, 0.7)}])
-def test_batched_ant_is_bitwise_sync_vector_env(kwargs: dict[str, Any]) -> None:
-    """Numpy level: float64 rewards, flags, final_obs and Ant's reward-term infos."""
-    from envs.mujoco_batched import AntBatchedVectorEnv
+REWARD_TERMS = {
+    "Ant-v5": ("reward_forward", "reward_ctrl", "reward_contact", "reward_survive",
+               "x_velocity", "y_velocity", "x_position", "y_position"),
+    "HalfCheetah-v5": ("reward_forward", "reward_ctrl", "x_velocity", "x_position"),
+    "Hopper-v5": ("reward_forward", "reward_ctrl", "reward_survive", "x_velocity",
+                  "x_position", "z_distance_from_origin"),
+}
 
-    fns = [functools.partial(gymnasium.make, "Ant-v5", max_episode_steps=25, **kwargs)] * 4
-    batched = AntBatchedVectorEnv(fns, num_threads=2)
+
+@pytest.mark.parametrize(("task", "kwargs"), [
+    ("Ant-v5", {}), ("Ant-v5", {"healthy_z_range": (0.2, 0.7)}),
+    ("HalfCheetah-v5", {}),
+    ("HalfCheetah-v5", {"exclude_current_positions_from_observation": False}),
+    ("Hopper-v5", {}), ("Hopper-v5", {"healthy_angle_range": (-0.1, 0.1)}),
+    # velocities past the observation's clip at 10 (a wide reset noise), falls that go on
+    ("Hopper-v5", {"reset_noise_scale": 2.0, "terminate_when_unhealthy": False}),
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_batched_is_bitwise_sync_vector_env(task: str, kwargs: dict[str, Any],
+                                            threads: int) -> None:
+    """Numpy level: float64 rewards, flags, final_obs and the task's reward-term infos."""
+    from envs.mujoco_batched import MujocoBatchedVectorEnv
+
+    fns = [functools.partial(gymnasium.make, task, max_episode_steps=25, **kwargs)] * 4
+    batched = MujocoBatchedVectorEnv(fns, num_threads=threads)
     sync = gymnasium.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
     assert np.array_equal(batched.reset(seed=3)[0], sync.reset(seed=3)[0])
     ends = 0
-    for action in _actions(9, 60, 4, 8):
+    for action in _actions(9, 60, 4, TASKS[task][1]):
         ours, theirs = batched.step(action), sync.step(action)
         for mine, ref in zip(ours[:4], theirs[:4], strict=True):
             assert mine.dtype == ref.dtype and np.array_equal(mine, ref)
         info, ref_info = ours[4], theirs[4]
-        for key in ("reward_forward", "reward_ctrl", "reward_contact", "reward_survive",
-                    "x_velocity"):
+        for key in REWARD_TERMS[task]:
             if key not in ref_info:  # every copy reset on this step: only reset infos
                 assert not info[f"_{key}"].any()
                 continue
             assert np.array_equal(info[f"_{key}"], ref_info[f"_{key}"])
             assert info[key].dtype == ref_info[key].dtype
             assert np.array_equal(info[key], ref_info[key]), key
-        np.testing.assert_allclose(info["distance_from_origin"], ref_info["distance_from_origin"])
+        if task == "Ant-v5":
+            np.testing.assert_allclose(info["distance_from_origin"],
+                                       ref_info["distance_from_origin"])
         if "final_obs" in ref_info:
             ends += int(ref_info["_final_obs"].sum())
             assert np.array_equal(info["_final_obs"], ref_info["_final_obs"])
@@ -156,21 +176,26 @@ def test_batched_ant_is_bitwise_sync_vector_env(kwargs: dict[str, Any]) -> None:
 
 
 def test_batched_backend_refuses_what_it_cannot_mirror() -> None:
-    from envs.mujoco_batched import AntBatchedVectorEnv
+    from envs.mujoco_batched import MujocoBatchedVectorEnv
 
     with pytest.raises(ConfigError, match="threads"):
-        make("Hopper-v5", 2, vectorization="batched")
+        make("Walker2d-v5", 2, vectorization="batched")
+    with pytest.raises(ConfigError, match="rendering"):
+        make("Hopper-v5", 2, vectorization="batched", render_mode="rgb_array")
 
     def clipped() -> gymnasium.Env:
         return gymnasium.wrappers.ClipAction(gymnasium.make("Ant-v5"))
 
     with pytest.raises(ConfigError, match="ClipAction"):
-        AntBatchedVectorEnv([clipped] * 2, num_threads=1)
+        MujocoBatchedVectorEnv([clipped] * 2, num_threads=1)
 
 
-def test_auto_picks_batched_for_ant_and_threads_for_other_mujoco() -> None:
-    ant, hopper = make("Ant-v5", 2, num_threads=2), make("Hopper-v5", 2, num_threads=2)
-    assert type(ant.vector_env).__name__ == "AntBatchedVectorEnv"
-    assert type(hopper.vector_env).__name__ == "ThreadedVectorEnv"
-    ant.close()
-    hopper.close()
+@pytest.mark.parametrize("threads", [1, 2])
+def test_auto_picks_batched_where_it_can_and_threads_for_other_mujoco(threads: int) -> None:
+    picked = {task: type(make(task, 2, num_threads=threads).vector_env).__name__
+              for task in ("Ant-v5", "HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")}
+    other = "ThreadedVectorEnv" if threads > 1 else "SyncVectorEnv"
+    assert picked == {"Ant-v5": "MujocoBatchedVectorEnv", "Hopper-v5": "MujocoBatchedVectorEnv",
+                      "HalfCheetah-v5": "MujocoBatchedVectorEnv", "Walker2d-v5": other}
+    rendered = make("Hopper-v5", 2, num_threads=threads, render_mode="rgb_array")
+    assert type(rendered.vector_env).__name__ == other
