@@ -7,9 +7,9 @@ Vectorization (``make(..., vectorization=...)``):
 * ``"threads"``: ``envs.threaded_vector.ThreadedVectorEnv``, the same Gymnasium copies
   stepped on a few threads; worth it for MuJoCo only, whose physics releases the GIL.
 * ``"batched"``: ``envs.mujoco_batched.MujocoBatchedVectorEnv``, ``Ant-v5``,
-  ``HalfCheetah-v5`` and ``Hopper-v5`` only: physics on threads, observation and reward
-  terms computed for the whole batch in numpy.
-* ``"auto"`` (default): ``"batched"`` for those three (on one thread too: the batched
+  ``HalfCheetah-v5``, ``Hopper-v5`` and ``Walker2d-v5`` only: physics on threads,
+  observation and reward terms computed for the whole batch in numpy.
+* ``"auto"`` (default): ``"batched"`` for those four (on one thread too: the batched
   terms are what it saves), ``"threads"`` for Gymnasium's other MuJoCo envs when more
   than one CPU and copy are there, ``"sync"`` otherwise.
   Every option keeps Gymnasium's semantics exactly (same rollout for the same seed and

@@ -1,5 +1,5 @@
-"""Gymnasium's ``Ant-v5``, ``HalfCheetah-v5`` and ``Hopper-v5`` with their physics on
-threads and their step terms batched in numpy.
+"""Gymnasium's ``Ant-v5``, ``HalfCheetah-v5``, ``Hopper-v5`` and ``Walker2d-v5`` with
+their physics on threads and their step terms batched in numpy.
 
 ``ThreadedVectorEnv`` runs each copy's whole Gymnasium ``step`` on a thread; the Python
 around MuJoCo's ``mj_step`` (observation, reward, health check, wrappers, info) holds the
@@ -128,21 +128,28 @@ class _HalfCheetahTerms(_Terms):
 class _HopperTerms(_Terms):
     ENTRY_POINT = "gymnasium.envs.mujoco.hopper_v5:HopperEnv"
 
+    def healthy(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
+        """``HopperEnv.is_healthy``: every state entry past x and z, then z and the angle,
+        all strictly inside their ranges."""
+        hopper = self.first
+        state = np.concatenate((qpos, qvel), axis=1)[:, 2:]
+        min_state, max_state = hopper._healthy_state_range
+        return np.all((min_state < state) & (state < max_state), axis=1) & self.upright(qpos)
+
+    def upright(self, qpos: np.ndarray) -> np.ndarray:
+        """z and the torso's angle strictly inside their healthy ranges."""
+        min_z, max_z = self.first._healthy_z_range
+        min_angle, max_angle = self.first._healthy_angle_range
+        return ((min_z < qpos[:, 1]) & (qpos[:, 1] < max_z)
+                & (min_angle < qpos[:, 2]) & (qpos[:, 2] < max_angle))
+
     def after(self, actions: np.ndarray, before: np.ndarray) -> Terms:
         hopper = self.first
         qpos, qvel = np.stack(self.qpos), np.stack(self.qvel)
         x_velocity = (qpos[:, 0] - before) / hopper.dt
         position = qpos[:, 1:] if hopper._exclude_current_positions_from_observation else qpos
         obs = np.concatenate((position, np.clip(qvel, -10, 10)), axis=1)
-        # HopperEnv.is_healthy: every state entry past x and z, then z and the angle, all
-        # strictly inside their ranges
-        state = np.concatenate((qpos, qvel), axis=1)[:, 2:]
-        min_state, max_state = hopper._healthy_state_range
-        min_z, max_z = hopper._healthy_z_range
-        min_angle, max_angle = hopper._healthy_angle_range
-        healthy = (np.all((min_state < state) & (state < max_state), axis=1)
-                   & (min_z < qpos[:, 1]) & (qpos[:, 1] < max_z)
-                   & (min_angle < qpos[:, 2]) & (qpos[:, 2] < max_angle))
+        healthy = self.healthy(qpos, qvel)
         forward = hopper._forward_reward_weight * x_velocity
         survive = healthy * hopper._healthy_reward
         ctrl_cost = self.ctrl_cost(actions)
@@ -155,8 +162,18 @@ class _HopperTerms(_Terms):
         return obs, reward, terminated, info
 
 
+class _Walker2dTerms(_HopperTerms):
+    """Walker2d-v5's step is Hopper-v5's but for its health: z and the angle only."""
+
+    ENTRY_POINT = "gymnasium.envs.mujoco.walker2d_v5:Walker2dEnv"
+
+    def healthy(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
+        return self.upright(qpos)
+
+
 BATCHED_TASKS: dict[str, type[_Terms]] = {
-    terms.ENTRY_POINT: terms for terms in (_AntTerms, _HalfCheetahTerms, _HopperTerms)}
+    terms.ENTRY_POINT: terms
+    for terms in (_AntTerms, _HalfCheetahTerms, _HopperTerms, _Walker2dTerms)}
 """The Gymnasium entry points the batched backend mirrors, and how."""
 
 

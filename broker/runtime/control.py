@@ -72,16 +72,15 @@ class Returning:
 
 
 async def watch_returning(ctx: ServiceContext[Any], transport: Transport,
-                          settled: asyncio.Event, wait_s: float = RETURN_WAIT_S,
-                          silent_s: float = RETURN_SILENT_S) -> None:
+                          settled: asyncio.Event) -> None:
     """Follow the pods' heartbeats; once the service stops, set ``settled`` when no pod
-    may still publish a round (``Returning``), or ``wait_s`` after the stop. A service
-    stopped by a signal, not by the experiment's ``control.stop``, settles at once: its
-    pods train on (what they publish waits in the queue). Unable to hear heartbeats, it
-    waits ``silent_s`` after the stop, as for pods gone silent."""
+    may still publish a round (``Returning``), or ``RETURN_WAIT_S`` after the stop. A
+    service stopped by a signal, not by the experiment's ``control.stop``, settles at
+    once: its pods train on (what they publish waits in the queue). Unable to hear
+    heartbeats, it waits ``RETURN_SILENT_S`` after the stop, as for pods gone silent."""
     try:
         async with transport.subscribe(["heartbeat.*"]) as beats:
-            returning = Returning(time.monotonic(), silent_s)
+            returning = Returning(time.monotonic(), RETURN_SILENT_S)
 
             async def hear() -> None:
                 async for beat in beats:
@@ -92,16 +91,16 @@ async def watch_returning(ctx: ServiceContext[Any], transport: Transport,
             try:
                 await ctx.stopping.wait()
                 if ctx.announced is not None:
-                    await _await_returns(ctx, returning, listener, wait_s)
+                    await _await_returns(ctx, returning, listener, RETURN_WAIT_S)
             finally:
                 listener.cancel()
                 await asyncio.gather(listener, return_exceptions=True)
     except BrokerError as exc:
         log.warning("%s: cannot hear the pods' heartbeats (%s); after a stop it waits "
-                    "%.0f s for their last rounds", ctx.name, exc, silent_s)
+                    "%.0f s for their last rounds", ctx.name, exc, RETURN_SILENT_S)
         await ctx.stopping.wait()
         if ctx.announced is not None:
-            await asyncio.sleep(silent_s)  # a grace period: nothing to wait on
+            await asyncio.sleep(RETURN_SILENT_S)  # a grace period: nothing to wait on
     settled.set()
 
 

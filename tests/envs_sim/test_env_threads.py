@@ -41,7 +41,7 @@ def test_the_variable_sets_the_threads_of_a_mujoco_env(monkeypatch: pytest.Monke
     assert env_threads() == CPUS
     monkeypatch.setenv(ENV_THREADS_VAR, "1")
     # one thread: the copies are stepped one after another, on the calling thread
-    batched, plain = make("HalfCheetah-v5", 2), make("Walker2d-v5", 2)
+    batched, plain = make("HalfCheetah-v5", 2), make("Swimmer-v5", 2)
     try:
         assert type(batched.vector_env).__name__ == "MujocoBatchedVectorEnv"
         assert batched.vector_env._ranges == [(0, 2)]  # type: ignore[attr-defined]

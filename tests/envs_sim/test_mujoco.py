@@ -28,7 +28,7 @@ def _mujoco_log_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 TASKS = {"Ant-v5": (105, 8), "Humanoid-v5": (348, 17), "HalfCheetah-v5": (17, 6),
-         "Hopper-v5": (11, 3)}
+         "Hopper-v5": (11, 3), "Walker2d-v5": (17, 6)}
 
 
 def _actions(seed: int, steps: int, num_envs: int, dim: int) -> np.ndarray:
@@ -129,6 +129,7 @@ REWARD_TERMS = {
     "Hopper-v5": ("reward_forward", "reward_ctrl", "reward_survive", "x_velocity",
                   "x_position", "z_distance_from_origin"),
 }
+REWARD_TERMS["Walker2d-v5"] = REWARD_TERMS["Hopper-v5"]
 
 
 @pytest.mark.parametrize(("task", "kwargs"), [
@@ -138,6 +139,7 @@ REWARD_TERMS = {
     ("Hopper-v5", {}), ("Hopper-v5", {"healthy_angle_range": (-0.1, 0.1)}),
     # velocities past the observation's clip at 10 (a wide reset noise), falls that go on
     ("Hopper-v5", {"reset_noise_scale": 2.0, "terminate_when_unhealthy": False}),
+    ("Walker2d-v5", {}), ("Walker2d-v5", {"reset_noise_scale": 2.0}),
 ])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_batched_is_bitwise_sync_vector_env(task: str, kwargs: dict[str, Any],
@@ -179,7 +181,7 @@ def test_batched_backend_refuses_what_it_cannot_mirror() -> None:
     from envs.mujoco_batched import MujocoBatchedVectorEnv
 
     with pytest.raises(ConfigError, match="threads"):
-        make("Walker2d-v5", 2, vectorization="batched")
+        make("Swimmer-v5", 2, vectorization="batched")
     with pytest.raises(ConfigError, match="rendering"):
         make("Hopper-v5", 2, vectorization="batched", render_mode="rgb_array")
 
@@ -192,10 +194,11 @@ def test_batched_backend_refuses_what_it_cannot_mirror() -> None:
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_auto_picks_batched_where_it_can_and_threads_for_other_mujoco(threads: int) -> None:
+    tasks = ("Ant-v5", "HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Swimmer-v5")
     picked = {task: type(make(task, 2, num_threads=threads).vector_env).__name__
-              for task in ("Ant-v5", "HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")}
+              for task in tasks}
     other = "ThreadedVectorEnv" if threads > 1 else "SyncVectorEnv"
-    assert picked == {"Ant-v5": "MujocoBatchedVectorEnv", "Hopper-v5": "MujocoBatchedVectorEnv",
-                      "HalfCheetah-v5": "MujocoBatchedVectorEnv", "Walker2d-v5": other}
+    assert picked == {**dict.fromkeys(tasks[:-1], "MujocoBatchedVectorEnv"),
+                      "Swimmer-v5": other}
     rendered = make("Hopper-v5", 2, num_threads=threads, render_mode="rgb_array")
     assert type(rendered.vector_env).__name__ == other
