@@ -50,6 +50,7 @@ from gymnasium.vector import AutoresetMode as GymAutoresetMode
 from broker.core.errors import ConfigError, EnvUnavailable
 from broker.core.settings import ENV_THREADS_VAR, whole_number
 from envs.base import AutoresetMode, StepResult
+from envs.mujoco_batched import BATCHED_TASKS, MujocoBatchedVectorEnv  # MuJoCo itself: lazily
 from envs.threaded_vector import ThreadedVectorEnv
 
 log = logging.getLogger(__name__)
@@ -206,8 +207,6 @@ def route_mujoco_warnings() -> None:
 
 def _auto(spec: gymnasium.envs.registration.EnvSpec, parallel: bool, kwargs: dict[str, Any]) -> str:
     """The fastest vectorization that keeps Gymnasium's rollout (see the module docs)."""
-    from envs.mujoco_batched import BATCHED_TASKS  # numpy and Gymnasium only, not MuJoCo
-
     entry = spec.entry_point if isinstance(spec.entry_point, str) else ""
     if entry in BATCHED_TASKS and kwargs.get("render_mode") is None:
         return "batched"
@@ -219,8 +218,6 @@ def _auto(spec: gymnasium.envs.registration.EnvSpec, parallel: bool, kwargs: dic
 def _build(mode: str, env_fn: Any, num_envs: int, threads: int) -> gymnasium.vector.VectorEnv:
     fns = [env_fn] * num_envs
     if mode == "batched":
-        from envs.mujoco_batched import MujocoBatchedVectorEnv
-
         return MujocoBatchedVectorEnv(fns, num_threads=threads)
     if mode == "threads":
         return ThreadedVectorEnv(fns, num_threads=threads)
