@@ -96,17 +96,14 @@ def pendulum_rows(seconds: float, repeats: int) -> list[tuple[str, int, float, f
     return rows
 
 
-MUJOCO_TASKS = {"Ant-v5": 8, "HalfCheetah-v5": 6, "Hopper-v5": 3}
-"""The tasks the batched backend mirrors, and their action sizes."""
-
-
 def mujoco_rows(task: str, num_envs: int, seconds: float,
                 repeats: int) -> list[tuple[str, int, float, float | None]]:
     """``task`` at ``num_envs`` copies: the chosen backend (on every CPU, and on one thread
     as a pod beside another gets it), the others, envpool (Ant), raw Sync."""
     from envs.gym_adapter import make as make_gym
 
-    act_dim = MUJOCO_TASKS[task]
+    space = gymnasium.make(task).action_space
+    act_dim = space.shape[0] if space.shape else 1
     actions_np = np.random.default_rng(0).uniform(
         -1, 1, (64, num_envs, act_dim)).astype(np.float32)
     actions = torch.from_numpy(actions_np)

@@ -54,7 +54,16 @@ class _Terms(abc.ABC):
 
     def before(self) -> np.ndarray:
         """What the step needs from before the physics: the x positions."""
-        return np.stack(self.qpos)[:, 0].copy()
+        return np.stack(self.qpos)[:, 0]
+
+    def planar(self, before: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                  np.ndarray]:
+        """A planar walker's ``qpos``, ``qvel``, x velocity over the step, and the
+        positions its observation shows (without x unless the env asks for it)."""
+        qpos, qvel = np.stack(self.qpos), np.stack(self.qvel)
+        x_velocity = (qpos[:, 0] - before) / self.first.dt
+        shown = self.first._exclude_current_positions_from_observation
+        return qpos, qvel, x_velocity, qpos[:, 1:] if shown else qpos
 
     @abc.abstractmethod
     def after(self, actions: np.ndarray, before: np.ndarray) -> Terms:
@@ -113,9 +122,7 @@ class _HalfCheetahTerms(_Terms):
 
     def after(self, actions: np.ndarray, before: np.ndarray) -> Terms:
         cheetah = self.first
-        qpos, qvel = np.stack(self.qpos), np.stack(self.qvel)
-        x_velocity = (qpos[:, 0] - before) / cheetah.dt
-        position = qpos[:, 1:] if cheetah._exclude_current_positions_from_observation else qpos
+        qpos, qvel, x_velocity, position = self.planar(before)
         obs = np.concatenate((position, qvel), axis=1)
         forward = cheetah._forward_reward_weight * x_velocity
         ctrl_cost = self.ctrl_cost(actions)
@@ -145,9 +152,7 @@ class _HopperTerms(_Terms):
 
     def after(self, actions: np.ndarray, before: np.ndarray) -> Terms:
         hopper = self.first
-        qpos, qvel = np.stack(self.qpos), np.stack(self.qvel)
-        x_velocity = (qpos[:, 0] - before) / hopper.dt
-        position = qpos[:, 1:] if hopper._exclude_current_positions_from_observation else qpos
+        qpos, qvel, x_velocity, position = self.planar(before)
         obs = np.concatenate((position, np.clip(qvel, -10, 10)), axis=1)
         healthy = self.healthy(qpos, qvel)
         forward = hopper._forward_reward_weight * x_velocity
