@@ -146,10 +146,23 @@ def pool_line(method: str, r: RunResult) -> str:
             f"all members {_share(r.pool_share_all)} ({algos})")
 
 
-def _pool_lines(rows: dict[str, Row]) -> list[str]:
-    """The pool's share of training data per tournament run (``pool_line``)."""
-    return [pool_line(method, r) for method in TOURNAMENTS if method in rows
-            for r in rows[method].runs if not r.failed]
+def kept_line(method: str, r: RunResult) -> str:
+    """Who held one tournament run's kept pod: when it was first kept, and each
+    algorithm's seconds of kept rounds, most first."""
+    head = f"kept pod, {method} s{r.seed}: "
+    if r.kept is None:
+        return head + "not recorded"
+    if r.kept_from is None:
+        return head + "never kept"
+    held = sorted(r.kept.items(), key=lambda item: (-item[1], item[0]))
+    return head + f"from {r.kept_from:.0f} s, " + ", ".join(f"{a} {s:.0f} s" for a, s in held)
+
+
+def _run_lines(rows: dict[str, Row]) -> list[str]:
+    """Per tournament run, the pool's share of training data (``pool_line``), then who
+    held the kept pod (``kept_line``)."""
+    return [line(method, r) for line in (pool_line, kept_line) for method in TOURNAMENTS
+            if method in rows for r in rows[method].runs if not r.failed]
 
 
 def best_lone(rows: dict[str, Row]) -> Row | None:
@@ -231,7 +244,7 @@ def report(tasks: list[Task], budgets: dict[str, float], results: list[RunResult
             out += _score_table(rows)
         speed = speed_line(rows)
         out += [speed] if speed else []
-        out += _pool_lines(rows)
+        out += _run_lines(rows)
         out += training_lines(rows) + answer_lines(rows) if task.target is None else []
         out.append("per run (time to target s/confirm, claims refuted before it):"
                    if task.target is not None else "per run (score):")

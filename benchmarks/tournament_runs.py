@@ -54,6 +54,7 @@ from envs.registry import make_env
 from leaderboard.answer import answer_of
 from leaderboard.export import Policy, policy_from_store
 from leaderboard.mutation import fresh_hparams
+from leaderboard.population import KEEPER, RETURN
 from leaderboard.store import Entry, LeaderboardStore
 from leaderboard.updater import MEASURE_EPISODES
 from podracer.train import train
@@ -202,6 +203,11 @@ class RunResult:
     (tournament rows; a lone agent's are ``env_steps``)."""
     best_seconds: float | None = None
     """Wall seconds of the rounds of that lineage (``wall`` for a lone agent)."""
+    kept: dict[str, float] | None = None
+    """Per algorithm, wall seconds of its rounds on the kept pod (``kept_pod``; ``None``:
+    a run recorded before the benchmark read it)."""
+    kept_from: float | None = None
+    """Seconds into the run when the first kept round was issued (none: ``None``)."""
     error: str | None = None
     """What went wrong (a run with a result may carry one: train()'s exit code)."""
     failed: bool = False
@@ -310,6 +316,19 @@ def pool_shares(entries: list[Entry]) -> dict[str, float]:
             for algo, group in sorted(by_algo.items())}
 
 
+def kept_pod(store: LeaderboardStore) -> tuple[dict[str, float], float | None]:
+    """Who held the kept pod (``leaderboard.population``, its ``KEEPER`` and ``RETURN``
+    rounds): per algorithm the wall seconds of those rounds, and when the first was
+    issued, in seconds after the run's first round (none: ``None``)."""
+    rows = store.query(
+        "SELECT c.algorithm AS algorithm, SUM(c.wall_time) AS seconds, "
+        "MIN(i.issued) - (SELECT MIN(issued) FROM issued) AS since "
+        "FROM checkpoints c JOIN issued i ON i.init_id = c.init_id "
+        "WHERE i.reason IN (?, ?) GROUP BY c.algorithm", (KEEPER, RETURN))
+    kept = {row["algorithm"]: float(row["seconds"]) for row in rows}
+    return kept, min((float(row["since"]) for row in rows), default=None)
+
+
 def run_tournament(task: Task, seed: int, budget: float, out: Path, *,
                    overrides: Mapping[str, Any] | None = None, threads: int | None = None,
                    method: str = "tournament") -> RunResult:
@@ -337,6 +356,7 @@ def run_tournament(task: Task, seed: int, budget: float, out: Path, *,
         result.env_steps = store.total_env_steps()
         result.pool_share = pool_shares(entries)
         result.pool_share_all = mean_share(entries)
+        result.kept, result.kept_from = kept_pod(store)
         top = store.top(1) if entries else []
         if top:
             best = top[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,11 @@ import pytest
 from benchmarks import tournament
 from benchmarks.tournament import TASKS, build_plan, execute, load_results, merge, save_results
 from benchmarks.tournament_report import pool_line, report
-from benchmarks.tournament_runs import RunResult, Task
+from benchmarks.tournament_runs import RunResult, Task, kept_pod
+from leaderboard.population import KEEPER, RETURN, STAND_IN
+from leaderboard.store import LeaderboardStore
+from tests.broker.transport_helpers import make_checkpoint
+from tests.issued import issue_for
 
 
 def _args(**flags: object) -> argparse.Namespace:
@@ -114,3 +119,29 @@ def test_the_report_prints_the_training_behind_the_best_checkpoint_against_the_l
     # seeds, not td3's many cheap steps
     assert ("training behind the best checkpoint, tournament s0: 305,248 env steps in "
             "275 s of rounds (0.87x the sac row's mean 350,068)") in text
+
+
+def test_the_report_says_who_held_the_kept_pod_read_from_the_store(tmp_path: Path) -> None:
+    rounds = [("a", "ppo", "first of its algorithm", 0.0, 20.0),
+              ("b", "ppo", KEEPER, 133.0, 60.5), ("c", "ppo", KEEPER, 194.0, 60.7),
+              ("d", "sac", RETURN, 255.0, 46.0), ("e", "sac", STAND_IN, 260.0, 20.0)]
+    with LeaderboardStore(tmp_path) as store:
+        for init_id, algorithm, reason, at, wall in rounds:
+            checkpoint = dataclasses.replace(make_checkpoint("kept"), id=init_id,
+                                             init_id=init_id, algorithm=algorithm,
+                                             wall_time=wall)
+            init = issue_for(store, checkpoint)
+            store.write("UPDATE issued SET issued = ?, reason = ? WHERE init_id = ?",
+                        (1_000.0 + at, reason, init.id))
+            store.insert(checkpoint)
+        kept, since = kept_pod(store)
+    assert kept == pytest.approx({"ppo": 121.2, "sac": 46.0}) and since == pytest.approx(133.0)
+    results = [RunResult("hopper", "tournament", 1, score=2195.0, algorithm="td3",
+                         kept=kept, kept_from=since),
+               RunResult("hopper", "tournament", 2, score=3000.0, algorithm="sac", kept={}),
+               RunResult("hopper", "tournament", 3, score=2000.0, algorithm="sac"),
+               RunResult("hopper", "sac", 1, score=3195.0, env_steps=484_672, wall=318.0)]
+    lines = report([TASKS["hopper"]], {"hopper": 300.0}, results).splitlines()
+    assert "kept pod, tournament s1: from 133 s, ppo 121 s, sac 46 s" in lines
+    assert "kept pod, tournament s2: never kept" in lines
+    assert "kept pod, tournament s3: not recorded" in lines  # recorded before the field
