@@ -29,12 +29,15 @@ weights, so the score curve runs on through it), on an axis of training seconds
    rise projected from them (best + recent rate * ``ready_s``, the rule before this one)
    handed rounds back and forth between close risers and to the one that was behind. A
    lead counts only once the leader has learned something by then (its best so far
-   above its first evaluation by more than their noise): early on HalfCheetah, PPO
-   standing still (-2) is "ahead" of SAC running backwards (-112), and nothing about
-   300 s follows from it (``beats``). Training here counts data, not only time
-   (``training = "data"``, ``DATA``): a round weighs its own seconds and, at its own
-   rate of collection, the experience-pool rows it learned from, so a member that
-   starts from rows others collected is compared at the data behind it. The *leader*
+   above its first evaluation by more than their noise, or above the first evaluation
+   of another algorithm that rose above its own): early on HalfCheetah, PPO standing
+   still (-2) is "ahead" of SAC running backwards (-112), and nothing about 300 s
+   follows from it (``beats``); on Hopper, SAC's first round scored 1085 and its next
+   ones less, yet it had learned more than PPO, risen from 177 to 323 (``learned``).
+   Training here counts data, not only time (``training = "data"``, ``DATA``): a round
+   weighs its own seconds and, at its own rate of collection, the experience-pool rows
+   it learned from, so a member that starts from rows others collected is compared at
+   the data behind it. The *leader*
    wins the most of these pairs (ties: the higher best so far). An algorithm
    with fewer than two checkpoints gets its mix weight: it is measured before it is
    judged, however long that takes, and no fixed warm-up is needed. Its first lineage's

@@ -15,7 +15,7 @@ import torch
 
 from broker.core.errors import ConfigError
 from broker.core.schemas import Checkpoint
-from leaderboard.curves import Curve, exploring, leader, pairs, shares, stalled
+from leaderboard.curves import Curve, exploring, leader, learned, pairs, shares, stalled
 from leaderboard.population import (
     MEASURE,
     OUTGROWN,
@@ -658,6 +658,26 @@ def test_nothing_learned_leads_nothing() -> None:
     # a lead of one that learned, by more than the noise, wins as before
     assert Curve(((20.0, 1.0, 0.0), (40.0, 5.0, 0.0))).learned(40.0)
     assert not Curve(((20.0, 1.0, 3.0), (40.0, 2.0, 3.0))).learned(40.0, episodes=16)
+
+
+def test_a_first_round_above_where_another_learner_started_has_learned() -> None:
+    # Hopper-v5, measured (2026-12-01, seed 1): SAC's first 20-s round scored 1085 and its
+    # next ones less; PPO, risen from 177 to 323, was the leader and kept the pod 122 s
+    sac = Curve(((22.9, 1084.7, 23.5), (45.2, 1084.7, 23.5), (67.5, 1084.7, 23.5),
+                 (94.1, 1084.7, 23.5), (122.6, 1084.7, 23.5)))
+    ppo = Curve(((21.1, 177.5, 1.3), (42.2, 177.5, 1.3), (63.0, 193.4, 1.5),
+                 (84.8, 322.7, 3.9)))
+    td3 = Curve(((71.4, 73.1, 3.8), (96.2, 387.9, 17.6), (117.8, 387.9, 17.6)))
+    curves = {"ppo": ppo, "sac": sac, "td3": td3}
+    assert not sac.learned(sac.trained, episodes=16)  # by its own first alone
+    assert learned(curves, "sac", sac.trained, episodes=16)  # above PPO's start
+    assert pairs(curves, episodes=16) == {"ppo": (1, 1), "sac": (2, 0), "td3": (0, 2)}
+    assert leader(curves, episodes=16) == "sac"
+    # a level counts only once its algorithm rose above it: against a PPO that has not,
+    # SAC's flat curve has learned nothing, and leads nothing
+    flat = Curve(((21.1, 177.5, 1.3), (42.2, 177.5, 1.3)))
+    assert not learned({"ppo": flat, "sac": sac}, "sac", sac.trained, episodes=16)
+    assert pairs({"ppo": flat, "sac": sac}, episodes=16) == {"ppo": (0, 0), "sac": (0, 0)}
 
 
 def test_a_new_leader_whose_head_is_busy_leaves_the_pod_to_the_incumbent(
