@@ -130,9 +130,8 @@ def beats(curves: Mapping[str, Curve], a: str, b: str, episodes: int = 1) -> boo
     backwards at -112, then held the leader's pod for 65 s while SAC, 5142 alone,
     waited)."""
     point = min(curves[a].trained, curves[b].trained)  # where the less trained one stands
-    (score_a, std_a), (score_b, std_b) = curves[a].reading(point), curves[b].reading(point)
-    noise = math.sqrt((std_a ** 2 + std_b ** 2) / max(1, episodes - 1))
-    return score_a - score_b > noise and learned(curves, a, point, episodes)
+    return curves[a].above(point, curves[b].reading(point), episodes) \
+        and learned(curves, a, point, episodes)
 
 
 def pairs(curves: Mapping[str, Curve], episodes: int = 1) -> dict[str, tuple[int, int]]:
