@@ -15,8 +15,9 @@ machine). Rows:
   its best is near the best checkpoint (``population.keeper``); ``tournament-warmnewest``:
   with a fresh member's warm start from the newest pool rows, not off-policy rows first
   (``pool_warm_from``); ``tournament-intakeall``, ``tournament-intakeoffpolicy``,
-  ``tournament-intakenone``: with a training member taking every other member's new
-  pool rows, only those off-policy learners collected, or none (``pool_intake``);
+  ``tournament-intakenear``, ``tournament-intakenone``: with a training member taking
+  every other member's new pool rows, only those off-policy learners collected, only
+  those of policies scoring near its own or above, or none (``pool_intake``);
   ``tournament-sac1pod``: SAC alone on one pod in the tournament's rounds;
   ``tournament-keeperthree``, ``tournament-keeperyield``: with the kept pod's rounds
   three rounds long (the default), or running until the run ends or they are told to

@@ -82,6 +82,7 @@ TOURNAMENTS: dict[str, Mapping[str, Any]] = {
     "tournament-warmnewest": {"pool_warm_from": "newest"},
     "tournament-intakeall": {"pool_intake": "all"},
     "tournament-intakeoffpolicy": {"pool_intake": "off-policy"},
+    "tournament-intakenear": {"pool_intake": "near"},
     "tournament-intakenone": {"pool_intake": "none"},
     "tournament-keeperown": {"pool_keeper": False},
     "tournament-nextpod": {"population.handover": "next-pod"},
@@ -110,7 +111,7 @@ equal training, by the best checkpoint's algorithm, or by the leader near the be
 (``population.keeper``), and with a fresh member's warm start from the newest pool rows
 whoever wrote them (``pool_warm_from``; the default takes off-policy rows first), and
 with a training member taking every other member's new rows, only off-policy learners',
-or none (``pool_intake``), and
+only those of policies scoring near its own or above, or none (``pool_intake``), and
 with the leader's kept lineage learning from its own data only (``pool_keeper``), and
 with a new keeper taking the next free pod (``population.handover``), and with the last
 keeper's lineage standing in for a busy new keeper for a long round or for one round

@@ -218,7 +218,7 @@ class InitializationMaker:
         # state is neither read here nor written to the store a second time
         return Initialization(hparams=hparams, state_ref=parent.blob,
                               parent_id=parent.id, generation=parent.generation + 1,
-                              **common)  # type: ignore[arg-type]
+                              parent_score=parent.score_mean, **common)  # type: ignore[arg-type]
 
 
 def wanted(consumers: int) -> int:

@@ -10,8 +10,9 @@ shared memory, with no copy through the broker:
   process when it starts (pickling a shared tensor passes its memory, not its bytes).
   Its capacity follows from a byte budget: ``max_bytes // row_bytes`` with
   ``row_bytes = 4 * (2 * obs_dim + act_dim + 1) + 2 + 4`` (obs, next obs, action,
-  reward as float32; terminated and off-policy as bool; the writer's id as int32). A full
-  pool overwrites its oldest rows: writing never waits for a reader.
+  reward as float32; terminated and off-policy as bool; the writer's id as int32), and
+  the writers' scores take 256 KiB more. A full pool overwrites its oldest rows: writing
+  never waits for a reader.
 * Rows are what the env did: ``next_obs`` is the true successor (``final_obs`` where an
   episode ended, not the autoreset's first observation), ``terminated`` stays apart from
   truncation (a truncated row bootstraps), and the action is in the env's scale as it
@@ -20,10 +21,16 @@ shared memory, with no copy through the broker:
   its own scale. Each row is tagged with whether an off-policy learner collected it: a
   fresh member starts from off-policy writers' rows first (``newest``), since a warm start
   from PPO's rows taught a fresh TD3 to fall (``benchmarks.warm_start``).
+* Each writer may carry a score (``set_score``: the leaderboard's score of the policy
+  its round started from, ``Initialization.parent_score``), kept in a table of
+  ``SCORE_SLOTS`` floats in shared memory indexed by the writer id modulo its size (a
+  writer without one reads NaN). A reader may take only rows of writers whose score is
+  at least a floor (``near``), so a member learns from policies near its own or better.
 * ``PoolReader``: a cursor over the rows other writers added since it last read. A
   reader that fell more than the capacity behind skips to the oldest row still held
   and counts what it skipped; one asked for fewer rows than wait takes the newest and
-  counts the rest as skipped. Readers never block writers for longer than a copy.
+  counts the rest as skipped; rows its filters pass over it counts as refused. Readers
+  never block writers for longer than a copy.
 """
 
 from __future__ import annotations
@@ -51,6 +58,17 @@ LOCK_TIMEOUT_S = 1.0
 """Longest wait for the pool's lock (module doc)."""
 DEFAULT_POOL_MIB = 256
 """Default byte budget of a node's pool (HalfCheetah: about 1.6M transitions)."""
+SCORE_SLOTS = 65_536
+"""Writers' scores the pool holds (256 KiB); writer ``w`` has slot ``w % SCORE_SLOTS``, so
+two writers share a slot only 65,536 rounds apart."""
+NEAR_TOLERANCE = 0.1
+"""A writer is near a reader whose own score is ``s`` when it scores at least
+``s - NEAR_TOLERANCE * |s|`` (``near``)."""
+
+
+def near(score: float) -> float:
+    """The least score of a writer whose rows a reader scoring ``score`` takes."""
+    return score - NEAR_TOLERANCE * abs(score)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +142,7 @@ class ExperiencePool:
             self.terminated = shared_zeros((capacity,), torch.bool)
             self.writer = shared_zeros((capacity,), torch.int32).fill_(-1)
             self.off_policy = shared_zeros((capacity,), torch.bool)
+            self.scores = shared_zeros((SCORE_SLOTS,), torch.float32).fill_(math.nan)
         # [rows ever written, next writer id, time of the first write in us]
         self._meta = torch.zeros(3, dtype=torch.int64).share_memory_()
         # a spawn-context lock: the worker processes are spawned (agents.pod.runner)
@@ -150,7 +169,7 @@ class ExperiencePool:
         """Shared memory the pool holds."""
         return sum(t.numel() * t.element_size() for t in (
             self.obs, self.next_obs, self.action, self.reward, self.terminated, self.writer,
-            self.off_policy))
+            self.off_policy, self.scores))
 
     @property
     def written(self) -> int:
@@ -174,6 +193,14 @@ class ExperiencePool:
                 return -os.getpid()
             self._meta[1] += 1
             return int(self._meta[1])
+
+    def set_score(self, writer: int, score: float) -> None:
+        """Tag ``writer``'s rows, past and future, with ``score`` (module doc)."""
+        self.scores[writer % SCORE_SLOTS] = score
+
+    def score(self, writer: int) -> float:
+        """``writer``'s score (NaN: none was set)."""
+        return float(self.scores[writer % SCORE_SLOTS])
 
     def write(self, obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor,
               next_obs: torch.Tensor, terminated: torch.Tensor, writer: int,
@@ -235,47 +262,63 @@ class ExperiencePool:
             return self._gather(held[keep])
 
     def read_since(self, cursor: int, limit: int, skip_writer: int,
-                   off_policy_only: bool = False) -> tuple[PoolRows, int, int]:
+                   off_policy_only: bool = False, min_score: float | None = None
+                   ) -> tuple[PoolRows, int, int, int]:
         """Rows of writers other than ``skip_writer`` written at or after ``cursor`` (a
         count of rows ever written), with ``off_policy_only`` only those an off-policy
-        learner collected: at most the newest ``limit``. Returns the rows, the new cursor
-        and how many such rows were lost (overwritten or beyond ``limit``)."""
+        learner collected, with ``min_score`` only those of writers scoring at least that
+        (not those without a score): at most the newest ``limit``. Returns the rows, the
+        new cursor, how many were lost (overwritten or beyond ``limit``) and how many
+        the filters refused."""
         with self._locked() as got:
             total = int(self._meta[0]) if got else cursor
             oldest = max(0, total - self.capacity)
             overwritten = max(0, oldest - cursor)
             start = max(cursor, oldest)
             index = torch.arange(start, total) % self.capacity
-            index = index[self.writer[index] != skip_writer]
+            writers = self.writer[index]
+            keep = writers != skip_writer
+            others = int(keep.sum())
             if off_policy_only:
-                index = index[self.off_policy[index]]
+                keep &= self.off_policy[index]
+            if min_score is not None:  # NaN (no score) compares false: refused
+                keep &= self.scores[writers.long() % SCORE_SLOTS] >= min_score
+            index = index[keep]
             over_limit = max(0, int(index.shape[0]) - limit)
             rows = self._gather(index[over_limit:])
         # overwritten rows may have been the reader's own: count them all as skipped
-        return rows, total, overwritten + over_limit
+        return rows, total, overwritten + over_limit, others - int(index.shape[0])
 
 
 class PoolReader:
     """One consumer's cursor into an ``ExperiencePool`` (see the module doc)."""
 
-    def __init__(self, pool: ExperiencePool, writer: int, off_policy_only: bool = False
-                 ) -> None:
-        """``off_policy_only``: take only rows an off-policy learner collected."""
+    def __init__(self, pool: ExperiencePool, writer: int, off_policy_only: bool = False,
+                 near_only: bool = False) -> None:
+        """``off_policy_only``: take only rows an off-policy learner collected;
+        ``near_only``: once its own writer has a score, only rows of writers scoring
+        ``near`` it or above."""
         self.pool = pool
         self.writer = writer
         self.off_policy_only = off_policy_only
+        self.near_only = near_only
         self.cursor = pool.written
         self.read = 0
         """Rows this reader took."""
         self.skipped = 0
         """Rows of others this reader never saw (overwritten first, or over a limit)."""
+        self.refused = 0
+        """Rows of others this reader's filters passed over."""
 
     def take(self, limit: int) -> PoolRows:
         """Up to ``limit`` rows others wrote since the last ``take``, newest kept."""
-        rows, self.cursor, lost = self.pool.read_since(self.cursor, max(0, limit), self.writer,
-                                                       self.off_policy_only)
+        own = self.pool.score(self.writer) if self.near_only else math.nan
+        rows, self.cursor, lost, refused = self.pool.read_since(
+            self.cursor, max(0, limit), self.writer, self.off_policy_only,
+            near(own) if math.isfinite(own) else None)
         self.read += len(rows)
         self.skipped += lost
+        self.refused += refused
         return rows
 
 

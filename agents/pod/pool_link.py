@@ -22,8 +22,11 @@
     of those off-policy learners wrote first (``broker.core.experiment.POOL_WARM_FROM``);
   - after every iteration (``sync``), each off-policy learner of a compatible action
     space takes the rows others wrote since its cursor via ``add_transitions`` (with
-    ``pool_intake = "off-policy"`` only those off-policy learners wrote, with ``"none"``
-    none: ``broker.core.experiment.POOL_INTAKES``), at most ``own_share``-bounded:
+    ``pool_intake = "off-policy"`` only those off-policy learners wrote, with ``"near"``
+    only those of policies scoring near its own or above, by the leaderboard's score of
+    each round's parent (``Initialization.parent_score``, ``agents.pod.pool.near``), with
+    ``"none"`` none: ``broker.core.experiment.POOL_INTAKES``), at most
+    ``own_share``-bounded:
     ``own_rows * (1 - own_share) / own_share`` per iteration, so
     in the steady state at least ``own_share`` of what enters its buffer is its own
     recent data (its own policy's state distribution, which its critic must get right
@@ -142,10 +145,12 @@ class PoolLink:
     def __init__(self, pool: ExperiencePool, agent: Agent, envs: list[RecordingEnv],
                  own_share: float = DEFAULT_POOL_OWN_SHARE,
                  warm_from: str = POOL_WARM_FROM[0], learn: bool = True,
-                 intake: str = POOL_INTAKES[0]) -> None:
+                 intake: str = POOL_INTAKES[0], score: float | None = None) -> None:
         """``learn=False``: the round's rows still go to the pool, tagged, but its agent
         takes none (``Initialization.pooled``); ``intake``: which of the others' new rows
-        it takes as it trains (``broker.core.experiment.POOL_INTAKES``)."""
+        it takes as it trains (``broker.core.experiment.POOL_INTAKES``); ``score``: the
+        leaderboard's score of the policy the round starts from, which its rows carry
+        (``None``: a fresh lineage's rows carry none)."""
         if not 0.0 < own_share <= 1.0:
             raise ConfigError("pool_own_share", f"must be in (0, 1], got {own_share}",
                               "e.g. 0.5: half of what enters a buffer is the member's own")
@@ -155,13 +160,16 @@ class PoolLink:
         self.envs = envs
         self.own_share = own_share
         writer = envs[0].writer if envs else pool.new_writer()
+        if score is not None:
+            pool.set_score(writer, score)
         learners = learners_of(agent)
         for env in envs:
             env.off_policy = bool(learners)
         self.learners = [a for a in learners
                          if to_agent_scale(a, torch.zeros(1, pool.action.shape[1])) is not None
                          ] if learn else []
-        self.readers = [PoolReader(pool, writer, off_policy_only=intake == "off-policy")
+        self.readers = [PoolReader(pool, writer, off_policy_only=intake == "off-policy",
+                                   near_only=intake == "near")
                         for _ in self.learners] if intake != "none" else []
         self.warm_rows = 0
         """Rows the round started from (an empty buffer filled from the pool)."""
@@ -195,6 +203,7 @@ class PoolLink:
                 "pool/feed_rows_per_s": self.pool.feed_rate(),
                 "pool/ingested": float(taken),
                 "pool/skipped": float(sum(r.skipped for r in self.readers)),
+                "pool/refused": float(sum(r.refused for r in self.readers)),
                 "pool/share_of_data": taken / max(1, taken + recorded) if self.learners
                 else 0.0}
 
@@ -211,13 +220,14 @@ def record_envs(pool: ExperiencePool | None, env_name: str, agent_envs: list[Vec
 
 def link_agent(pool: ExperiencePool | None, agent: Agent, envs: list[VecEnv],
                own_share: float, warm_from: str, learn: bool = True,
-               intake: str = POOL_INTAKES[0]) -> PoolLink | None:
+               intake: str = POOL_INTAKES[0], score: float | None = None
+               ) -> PoolLink | None:
     """The round's ``PoolLink`` when ``record_envs`` wrapped its envs, else ``None``;
     ``learn=False``: it only tags what the round writes (``PoolLink``)."""
     recording = [env for env in envs if isinstance(env, RecordingEnv)]
     if pool is None or not recording:
         return None
-    return PoolLink(pool, agent, recording, own_share, warm_from, learn, intake)
+    return PoolLink(pool, agent, recording, own_share, warm_from, learn, intake, score)
 
 
 def unwrap(env: VecEnv) -> VecEnv:

@@ -72,6 +72,9 @@ class RoundJob:
     pooled: bool = True
     """Learn from the experience pool's rows too (``Initialization.pooled``); the round
     writes to the pool either way."""
+    parent_score: float | None = None
+    """The leaderboard's score of the parent, which the round's pool rows carry
+    (``Initialization.parent_score``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +210,7 @@ class RoundRunner:
         try:
             link = link_agent(self.config.pool, agent, envs, self.config.pool_own_share,
                               self.config.pool_warm_from, learn=job.pooled,
-                              intake=self.config.pool_intake)
+                              intake=self.config.pool_intake, score=job.parent_score)
             result = train_round(agent, envs[0], eval_env, job.budget,
                                  eval_every_s=self.config.eval_every_s, on_progress=report,
                                  should_stop=should_stop,

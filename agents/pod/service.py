@@ -140,7 +140,7 @@ class Pod:
                         env=init.env, seed=init.seed, budget=capped(init.budget), state=init.state,
                         replay=self.cache.get(init.parent_id) if child else None,
                         own_rng=child, target=self.ctx.settings.experiment.target_score,
-                        pooled=init.pooled)
+                        pooled=init.pooled, parent_score=init.parent_score)
 
     def _report(self, loop: asyncio.AbstractEventLoop, chain: Chain
                 ) -> Callable[[Progress], None]:

@@ -53,11 +53,14 @@ TD3's 40-s round, 3 seeds interleaved): from a pool of a 30-s SAC round's rows, 
 30-s PPO round's (the newer, as in a tournament), ``off-policy`` scored 279 (261, 261,
 314) against 140 (191, 192, 38) for the newest rows, and 190 without the pool."""
 
-POOL_INTAKES = ("all", "off-policy", "none")
+POOL_INTAKES = ("all", "off-policy", "near", "none")
 """Values of ``pool_intake``, the default first: which of the others' new pool rows an
 off-policy member takes after each iteration (``agents.pod.pool_link``), within its
 ``pool_own_share``. ``all`` takes them whoever wrote them, ``off-policy`` only those an
-off-policy learner collected, ``none`` none (the pool then only starts empty buffers)."""
+off-policy learner collected, ``near`` only those of rounds whose parent scored near the
+member's own parent or above (``agents.pod.pool.near``; a fresh lineage's rows carry no
+score and are passed over, and a fresh member takes them all), ``none`` none (the pool
+then only starts empty buffers)."""
 
 Check = Callable[["Experiment"], None]
 """Validates an experiment against the program's registries; raises ``ConfigError``."""

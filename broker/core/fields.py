@@ -157,6 +157,10 @@ _is_seconds = _within(0.0, MAX_SECONDS)
 _is_score = _within(-MAX_SCORE, MAX_SCORE)
 
 
+def _is_opt_score(v: Any) -> bool:
+    return v is None or _is_score(v)
+
+
 def _to_curve(v: list[Any]) -> list[tuple[float, float, int]]:
     return [(float(a), float(b), int(c)) for a, b, c in v]
 
@@ -195,6 +199,7 @@ RULES: dict[Any, Rule] = {
     Epoch: Rule(_is_epoch, f"epoch seconds in [0, {MAX_EPOCH:.0f}]"),
     Seconds: Rule(_is_seconds, f"seconds in [0, {MAX_SECONDS:g}]"),
     Score: Rule(_is_score, f"a finite number with |x| <= {MAX_SCORE:g}"),
+    Score | None: Rule(_is_opt_score, f"a finite number with |x| <= {MAX_SCORE:g} or nil"),
     dict[str, Scalar]: Rule(_is_scalar_map, f"a map of at most {MAX_KEYS} finite scalars "
                              f"(keys: 1-64 printable ASCII characters without spaces; "
                              f"strings: at most 256 characters without control characters)"),

@@ -47,7 +47,9 @@ would ignore it and train a continuing lineage from scratch, so 1 is refused).
 Optional fields added within 2 (a build without them ignores them and loses only a
 statistic or a measured refinement, so the version stays and mixed builds interoperate):
 ``Checkpoint.pool_rows``; ``Initialization.pooled`` (a build without it feeds every
-round from the pool, as before it existed: the round's result is as valid).
+round from the pool, as before it existed: the round's result is as valid);
+``Initialization.parent_score`` (a build without it tags the round's pool rows with no
+score: its peers' ``pool_intake = "near"`` then passes them over).
 A field whose loss would change what a receiver does needs a new version."""
 T = TypeVar("T")
 
@@ -123,6 +125,11 @@ class Initialization(Message):
     """The round learns from the experience pool's rows too; ``False``: from its own data
     only (the leader's kept lineage with ``pool_keeper = false``; added within schema 2,
     optional: see ``SCHEMA_VERSION``). It writes to the pool either way."""
+    parent_score: Score | None = None
+    """The parent's score on the leaderboard (``None``: a fresh lineage): the rows the
+    round writes to the experience pool carry it, so a member with ``pool_intake =
+    "near"`` takes rows only from policies that score near its own or above (added within
+    schema 2, optional: see ``SCHEMA_VERSION``)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

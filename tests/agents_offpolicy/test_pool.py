@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from agents.pod.pool import ExperiencePool, PoolReader, node_pool, row_bytes
+from agents.pod.pool import SCORE_SLOTS, ExperiencePool, PoolReader, node_pool, row_bytes
 from agents.pod.pool_link import PoolLink, RecordingEnv, to_agent_scale, warm_limit
 from agents.ppo import PPOAgent, PPOConfig
 from agents.sac import SACAgent, SACConfig
@@ -53,7 +53,8 @@ def test_a_new_pool_is_zeroed_shared_memory_of_its_shapes() -> None:
         assert (tuple(column.shape), column.dtype) == (shape, dtype), name
         assert column.tolist() == torch.zeros(shape, dtype=dtype).tolist() or name == "writer"
     assert pool.writer.tolist() == [-1] * 4  # no writer yet
-    assert pool.nbytes == 4 * row_bytes((3,), 1)
+    assert pool.scores.is_shared() and bool(pool.scores.isnan().all())  # no score yet
+    assert pool.nbytes == 4 * row_bytes((3,), 1) + SCORE_SLOTS * 4
 
 
 def test_a_node_that_cannot_build_the_env_trains_without_a_pool() -> None:
@@ -121,6 +122,29 @@ def test_a_reader_of_off_policy_rows_only_passes_over_the_on_policy_ones() -> No
     assert reader.take(2).reward.tolist() == [8, 9] and reader.skipped == 1
 
 
+def test_a_reader_near_only_takes_rows_of_writers_scoring_near_its_own_or_above() -> None:
+    pool = _pool(32)
+    reader = PoolReader(pool, writer=1, near_only=True)
+    _write(pool, 0, 2, writer=2)
+    assert reader.take(100).reward.tolist() == [0, 1]  # no score of its own: takes all
+    pool.set_score(1, 1000.0)
+    pool.set_score(2, 905.0)  # within 10 % below: near
+    pool.set_score(3, 899.0)  # further below
+    pool.set_score(4, 2000.0)  # above
+    _write(pool, 2, 2, writer=2)
+    _write(pool, 4, 2, writer=3)
+    _write(pool, 6, 2, writer=4)
+    _write(pool, 8, 2, writer=5)  # no score (a fresh lineage's): passed over
+    assert reader.take(100).reward.tolist() == [2, 3, 6, 7]
+    assert reader.refused == 4 and reader.skipped == 0
+    pool.set_score(1, -200.0)  # negative scores: near is 10 % of its size below
+    pool.set_score(2, -219.0)
+    pool.set_score(3, -221.0)
+    _write(pool, 10, 1, writer=2)
+    _write(pool, 11, 1, writer=3)
+    assert reader.take(100).reward.tolist() == [10] and reader.refused == 5
+
+
 def test_a_lock_held_by_a_dead_writer_drops_the_step_instead_of_stalling(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("agents.pod.pool.LOCK_TIMEOUT_S", 0.05)
@@ -184,7 +208,8 @@ def test_ppo_rollouts_feed_the_pool_with_final_obs_and_terminations_apart() -> N
 
 
 def _linked_sac(others: int, own_share: float, off_policy_others: int = 0,
-                warm_from: str = "off-policy", learn: bool = True, intake: str = "all"
+                warm_from: str = "off-policy", learn: bool = True, intake: str = "all",
+                score: float | None = None
                 ) -> tuple[ExperiencePool, SACAgent, RecordingEnv, PoolLink]:
     """A fresh SAC member (buffer of 500) linked to a pool where other writers already
     wrote ``off_policy_others`` rows of off-policy learners, then ``others`` rows of an
@@ -198,7 +223,7 @@ def _linked_sac(others: int, own_share: float, off_policy_others: int = 0,
     env.single_action_space = ACT
     recording = RecordingEnv(env, pool, writer=pool.new_writer())
     return pool, agent, recording, PoolLink(pool, agent, [recording], own_share, warm_from,
-                                            learn, intake)
+                                            learn, intake, score)
 
 
 def test_an_off_policy_member_starts_from_the_pool_and_keeps_its_own_share() -> None:
@@ -226,16 +251,22 @@ def test_a_round_that_does_not_learn_from_the_pool_still_writes_to_it_tagged() -
     assert len(newest) == 4 and bool(newest.off_policy.all())  # written, as off-policy
 
 
-@pytest.mark.parametrize(("intake", "taken"), [("all", 12), ("off-policy", 5), ("none", 0)])
+@pytest.mark.parametrize(("intake", "taken"),
+                         [("all", 12), ("off-policy", 5), ("near", 5), ("none", 0)])
 def test_a_member_takes_the_others_rows_its_intake_names(intake: str, taken: int) -> None:
-    pool, agent, recording, link = _linked_sac(300, own_share=0.25, intake=intake)
+    pool, agent, recording, link = _linked_sac(300, own_share=0.25, intake=intake,
+                                               score=500.0)
     assert link.warm_rows == 300  # every intake starts an empty buffer from the pool
+    assert pool.score(recording.writer) == 500.0  # its rows carry its parent's score
+    pool.set_score(9, 100.0)  # the on-policy member scores far below it
+    pool.set_score(8, 480.0)  # the off-policy one near it
     _write(pool, 300, 95, writer=9)  # an on-policy member's rows
     _write(pool, 395, 5, writer=8, off_policy=True)  # an off-policy member's
     agent.train_iteration(recording)  # type: ignore[arg-type]
     metrics = link.sync()
     assert len(agent.buffer) == 300 + 4 + taken and metrics["pool/ingested"] == 300 + taken
-    if intake == "off-policy":
+    assert metrics["pool/refused"] == {"all": 0, "off-policy": 95, "near": 95, "none": 0}[intake]
+    if intake in ("off-policy", "near"):
         assert agent.buffer.reward[304:309].tolist() == [395, 396, 397, 398, 399]
     with pytest.raises(ConfigError, match="pool_intake"):
         _linked_sac(10, own_share=0.75, intake="some")

@@ -60,7 +60,7 @@ def test_defaults_of_a_minimal_file() -> None:
     (with_(pool_mib=0), r"pool_mib: must be >= 1"),
     (with_(pool_own_share=0), r"pool_own_share: must be > 0"),
     (with_(pool_warm_from="oldest"), r"pool_warm_from: unknown value 'oldest'.*'newest'"),
-    (with_(pool_intake="some"), r"pool_intake: unknown value 'some'.*'off-policy' or 'none'"),
+    (with_(pool_intake="some"), r"pool_intake: unknown value 'some'.*'near' or 'none'"),
     (with_(algos={"ppo": 0}), r"algos\.ppo: weight must be > 0"),
     (with_(algos={"ppo": "x"}), r"algos\.ppo: weight must be a number"),
     (with_(algos={}), r"algos: give at least one algorithm"),

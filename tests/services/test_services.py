@@ -219,6 +219,7 @@ async def test_generator_keeps_one_waiting_and_seeds_children(rig: Rig) -> None:
         blob = store.blobs.path_of(child.state_ref.sha256) if child.state_ref else None
         stored = store.get(parent.id)
     assert child.parent_id == parent.id and child.generation == 1
+    assert child.parent_score == -300.0  # its pool rows carry the parent's score
     # the parent's state travels as a reference to its leaderboard blob, not a copy
     assert stored is not None and child.state is None and child.state_ref == stored.blob
     assert blob is not None and len(list(blob.parent.parent.glob("*/*"))) == 1
@@ -229,6 +230,7 @@ async def test_generator_keeps_one_waiting_and_seeds_children(rig: Rig) -> None:
         await delivery.ack()
     # a pod receiving it reads that blob (verified) into the state
     assert received.state is not None and received.state_ref == stored.blob
+    assert received.parent_score == -300.0
     assert all(torch.equal(received.state[k], v) for k, v in parent.state.items())
     assert set(received.state) == set(parent.state)
     assert child.hparams == parent.hparams
