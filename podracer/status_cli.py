@@ -170,10 +170,11 @@ async def listen_heartbeats(broker: str, experiment: str, seconds: float
 def _pool_table(pools: PoolFigures) -> str:
     """The experience pool as each pod last reported it (pods of one node share one)."""
     rows = [(name, f"{v.get('pool/rows', 0):,.0f}", f"{v.get('pool/feed_rows_per_s', 0):,.0f}",
-             f"{v.get('pool/share_of_data', 0):.0%}", f"{v.get('pool/skipped', 0):,.0f}")
+             f"{v.get('pool/share_of_data', 0):.0%}", f"{v.get('pool/skipped', 0):,.0f}",
+             f"{v.get('pool/refused', 0):,.0f}")
             for name, v in sorted(pools.items())]
     return format_table(("pod", "pool rows", "feed rows/s", "share of its data",
-                         "skipped"), rows)
+                         "skipped", "refused"), rows)
 
 
 def _heartbeat_table(beats: Heard) -> str:

@@ -59,7 +59,8 @@ off-policy member takes after each iteration (``agents.pod.pool_link``), within 
 ``pool_own_share``. ``all`` takes them whoever wrote them, ``off-policy`` only those an
 off-policy learner collected, ``near`` only those of rounds whose parent scored near the
 member's own parent or above (``agents.pod.pool.near``; a fresh lineage's rows carry no
-score and are passed over, and a fresh member takes them all), ``none`` none (the pool
+score and are passed over, and a fresh member takes them all; rows from other nodes
+carry none either: ``agents.pod.pool_bridge`` sends no scores), ``none`` none (the pool
 then only starts empty buffers)."""
 
 Check = Callable[["Experiment"], None]

@@ -98,7 +98,7 @@ async def _beat(url: str, experiment: str, stop: threading.Event, ready: threadi
                              status="training ppo", env_steps=1234)
             await transport.publish_event("heartbeat.pod-test-1", beat)
             pool = {"pool/rows": 52000.0, "pool/feed_rows_per_s": 4100.0,
-                    "pool/share_of_data": 0.25, "pool/skipped": 7.0}
+                    "pool/share_of_data": 0.25, "pool/skipped": 7.0, "pool/refused": 95.0}
             await transport.publish_event("metrics.pod-test-1", Metrics(
                 experiment=experiment, pod="pod-test-1", values=pool))
             await asyncio.sleep(0.2)
@@ -131,7 +131,7 @@ def test_status_shows_queues_heartbeats_and_leaderboard(amqp_url: str, experimen
         assert all(re.fullmatch(r"\d+\.\d\d|n/a", cell) for cell in row[3:6]), row
     assert re.search(r"pod-test-1\s+pod\s+training ppo\s+1,234\s+\d+\.\ds ago", out), out
     assert "services heard in 1.5s: 1" in out
-    assert re.search(r"pod-test-1\s+52,000\s+4,100\s+25%\s+7", out), out  # the pool
+    assert re.search(r"pod-test-1\s+52,000\s+4,100\s+25%\s+7\s+95", out), out  # the pool
     assert "(no leaderboard at" in out
 
 
