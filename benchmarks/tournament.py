@@ -27,8 +27,10 @@ machine). Rows:
   (``population.handover``); ``tournament-standinlong``, ``tournament-standinround``:
   with the last keeper's lineage standing in for a new keeper whose head is busy for a
   keeper's long round, or for one ordinary round (``population.stand_in``);
-  ``tournament-measureready``, ``tournament-measuretworounds``: with an algorithm
-  measured until it has trained ``ready_s``, or for two rounds (``population.measure``);
+  ``tournament-measureready``, ``tournament-measuretworounds``,
+  ``tournament-measureeven``: with an algorithm measured until it has trained
+  ``ready_s``, or for two rounds, or until it has trained ``ready_s`` with the measured
+  algorithms sharing the other rounds by the mix until every one is (``population.measure``);
   ``tournament-explorechallengers``, ``tournament-exploremix``,
   ``tournament-explorenear``, ``tournament-explorerising``: with the keeper's algorithm
   at its floor on the other pods while it has a challenger, at its mix weight, or with

@@ -90,6 +90,7 @@ TOURNAMENTS: dict[str, Mapping[str, Any]] = {
     "tournament-standinround": {"population.stand_in": "one-round"},
     "tournament-measureready": {"population.measure": "ready"},
     "tournament-measuretworounds": {"population.measure": "two-rounds"},
+    "tournament-measureeven": {"population.measure": "even"},
     "tournament-explorechallengers": {"population.exploring": "challengers"},
     "tournament-exploremix": {"population.exploring": "mix"},
     "tournament-explorenear": {"population.exploring": "near"},
@@ -116,7 +117,9 @@ with the leader's kept lineage learning from its own data only (``pool_keeper``)
 with a new keeper taking the next free pod (``population.handover``), and with the last
 keeper's lineage standing in for a busy new keeper for a long round or for one round
 (``population.stand_in``), and with every algorithm's first lineage going first until it
-has trained ``ready_s`` or for two rounds (``population.measure``), and with the
+has trained ``ready_s`` or for two rounds, or until every algorithm has trained
+``ready_s`` with the measured ones sharing the other rounds by the mix
+(``population.measure``), and with the
 keeper's algorithm at its floor on the other pods or at its mix weight
 (``population.exploring``), and with equal training counting the pool rows a member
 learned from or its own rounds only (``population.training``), and with each pod's

@@ -54,7 +54,9 @@ weights, so the score curve runs on through it), on an axis of training seconds
    By default (``measure = "ready"``) an algorithm's first lineage goes first until it
    has trained ``ready_s``, not for its second round only (``"two-rounds"``), and
    "measured" below means that much: nobody is judged before it had time to learn
-   (``MEASURE``). With more than one pod, once every algorithm is measured, **one
+   (``MEASURE``). With ``"even"`` the leader also earns nothing before then: the rounds
+   that are not measuring rounds go by the mix weights until every algorithm is measured
+   (``EVEN``). With more than one pod, once every algorithm is measured, **one
    algorithm's best lineage keeps a pod of its own**, the *keeper*, and the other pods
    explore. By default (``keeper = "agreed"``, ``AGREED``) the first keeper is the
    leader at equal training when it leads on evidence (it beats another; else the best
@@ -182,6 +184,15 @@ run without the pool); TD3 kept the pod from 115 s to 191-199 s while SAC's thir
 2204 and 2402, waited 60 s for a pod. With "ready" SAC's third round came next; TD3,
 warm-started from the pool, still kept the pod first in two runs, once rightly (it
 scored 4788)."""
+EVEN = MEASURES[2]
+"""A value of ``PopulationConfig.measure`` (not the default): as ``"ready"``, and until
+every algorithm has trained ``ready_s`` the rounds that are not measuring rounds go by the
+mix weights, so no algorithm leads before every one could be compared. With ``"ready"``
+the leader at equal training takes all but the others' floors from the moment two are
+measured. Seen on Hopper-v5 (seed 0, the lone SAC pod at 2,108 env steps/s): PPO led SAC
+by 5 points (314 against 309) after about 66 s of training each, both flat; SAC's first
+lineage stood idle from 66 s to 127 s while TD3 was measured on one pod and PPO went on
+on the other, PPO kept the pod first, and the run scored 1345 against SAC alone's 3157."""
 RETURN = "return the leader's best lineage to its best checkpoint"
 """The reason of a keeper's round that continues the algorithm's best checkpoint, not its
 fallen head (Hopper, measured: SAC's best lineage reached 2119 at 180 s, then went 1567,
@@ -381,7 +392,9 @@ class PopulationConfig:
     measure: str = MEASURES[0]
     """An algorithm's first lineage goes first until it has trained ``ready_s``
     (``ready``) or for two rounds (``two-rounds``), and the first keeper waits for every
-    algorithm to have as much (``MEASURE``). Measured: ``MEASURE``."""
+    algorithm to have as much (``MEASURE``); with ``even``, as ``ready``, and until then the
+    measured algorithms share the other rounds by their mix weights (``EVEN``). Measured:
+    ``MEASURE``."""
     exploring: str = EXPLORINGS[0]
     """Who the pods other than the kept one train: only the keeper's challengers above
     their floors, the keeper's algorithm above its own while it has none (``near``:
@@ -705,10 +718,14 @@ class Planner:
         if measuring is not None:
             return measuring
         held = self.incumbent if cfg.exploring != MIX else None
-        weights = exploring(self.mix, curves, cfg.min_share, cfg.episodes, cfg.ready_s,
-                            held, RETURN_DROP, cfg.exploring in (NEAR, RISING),
-                            cfg.window if cfg.exploring == RISING else 0) \
-            if shared_pods else share
+        if shared_pods:
+            weights = exploring(self.mix, curves, cfg.min_share, cfg.episodes, cfg.ready_s,
+                                held, RETURN_DROP, cfg.exploring in (NEAR, RISING),
+                                cfg.window if cfg.exploring == RISING else 0)
+        elif cfg.measure == EVEN and not all(self._ready(curves.get(a)) for a in self.mix):
+            weights = dict(self.mix)  # nobody leads before everyone could be compared
+        else:
+            weights = share
         # an algorithm not measured yet runs one round at a time (HalfCheetah, measured: a
         # second, fresh TD3 lineage started while the first was being measured, trained
         # 86 s at -550 to -780, and the leader's lineage waited 25 s for a pod)
@@ -792,7 +809,7 @@ class Planner:
     def _ready(self, curve: Curve | None) -> bool:
         """Whether an algorithm of this ``curve`` is measured (``PopulationConfig.measure``):
         it has two checkpoints, and with ``ready`` it has trained ``ready_s``."""
-        return curve is not None and (self.config.measure != "ready"
+        return curve is not None and (self.config.measure == "two-rounds"
                                       or curve.own_training >= self.config.ready_s)
 
     def _measuring_round(self, curves: Mapping[str, Curve | None]) -> Plan | None:

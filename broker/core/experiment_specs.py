@@ -73,7 +73,7 @@ HANDOVERS = ("same-pod", "next-pod")
 """The values of ``PopulationSpec.handover``, the default first."""
 STAND_INS = ("one-round", "long")
 """The values of ``PopulationSpec.stand_in``, the default first."""
-MEASURES = ("ready", "two-rounds")
+MEASURES = ("ready", "two-rounds", "even")
 """The values of ``PopulationSpec.measure``, the default first."""
 EXPLORINGS = ("near", "rising", "challengers", "mix")
 """The values of ``PopulationSpec.exploring``, the default first."""
@@ -139,7 +139,10 @@ class PopulationSpec:
     """How long an algorithm is measured before it is judged: ``ready``, its first
     lineage's rounds come before other rounds until it has trained ``ready_s``, and the
     first keeper is chosen once every algorithm has; ``two-rounds``, the same for its
-    first two rounds (``leaderboard.population``)."""
+    first two rounds; ``even``, as ``ready``, and until every algorithm has trained
+    ``ready_s`` the algorithms that have share the other rounds by their mix weights
+    (with ``ready`` the leader at equal training takes all but the others' floors)
+    (``leaderboard.population``)."""
     exploring: str = EXPLORINGS[0]
     """Who the pods other than the kept one train: ``near``, the keeper's challengers
     (algorithms within a quarter of it at equal training) at their mix weight and every

@@ -79,7 +79,7 @@ def test_defaults_of_a_minimal_file() -> None:
     (with_(population={"stand_in": "never"}),
      r"population\.stand_in: unknown stand_in 'never' \(use one of one-round, long\)"),
     (with_(population={"measure": "start"}),
-     r"population\.measure: unknown measure 'start' \(use one of ready, two-rounds\)"),
+     r"population\.measure: unknown measure 'start' \(use one of ready, two-rounds, even\)"),
     (with_(population={"exploring": "all"}),
      r"population\.exploring: unknown exploring 'all' "
      r"\(use one of near, rising, challengers, mix\)"),

@@ -5,6 +5,7 @@ lineages that are behind and not improving (Welch-gated), branching."""
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -863,8 +864,10 @@ def _report(store: LeaderboardStore, init_id: str, score: float) -> None:
 
 
 def _still_clock(planner: Planner) -> list[float]:
-    """The planner's clock from now on: stands still until the test moves ``now[0]``."""
-    now = [planner.clock()]
+    """The planner's clock from now on: stands still until the test moves ``now[0]``.
+    It starts on a whole second, so that moving it by ``YIELD_LOOK_S`` moves it by exactly
+    that (on a monotonic clock read as 5207.38, 5207.38 + 75 - 5207.38 < 75)."""
+    now = [float(math.ceil(planner.clock()))]
     planner.clock = lambda: now[0]
     return now
 
@@ -982,3 +985,22 @@ def test_with_measure_ready_an_algorithm_trains_ready_s_before_it_is_judged(
     plan = planner.next()
     assert plan.keeper and plan.algorithm == "sac" and plan.parent is not None \
         and plan.parent.id == "sac2"
+
+
+@pytest.mark.parametrize(("measure", "ppo_rounds"), [("ready", 5), ("even", 3)])
+def test_with_measure_even_no_algorithm_leads_before_every_one_is_measured(
+        store: LeaderboardStore, measure: str, ppo_rounds: int) -> None:
+    # Hopper-v5, seen (seed 0): PPO led SAC by 5 points after about 66 s each, both flat;
+    # while TD3 was measured SAC's first lineage stood idle 61 s and PPO took the pod
+    _curve(store, "ppo", [300.0, 314.0], wall=33.0)
+    _curve(store, "sac", [200.0, 309.0], wall=33.0)
+    _put(store, "t0", "td3", 20.0)
+    planner = _planner(store, MIX, measure=measure)
+    planner.issued("t1", Plan("td3", store.get("t0"), False, "test"))  # td3 measured
+    counts = dict.fromkeys(MIX, 0)
+    for k in range(6):
+        plan = planner.next()
+        assert not plan.keeper and plan.reason != MEASURE
+        planner.issued(f"x{k}", plan)
+        counts[plan.algorithm] += 1
+    assert counts == {"ppo": ppo_rounds, "sac": 6 - ppo_rounds, "td3": 0}
