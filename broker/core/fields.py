@@ -78,10 +78,6 @@ def _is_token(v: Any) -> bool:
     return isinstance(v, str) and _TOKEN.fullmatch(v) is not None
 
 
-def _is_opt_token(v: Any) -> bool:
-    return v is None or _is_token(v)
-
-
 # Free text reaches log lines and x-podracer-reason headers: no control characters or
 # line separators (a value cannot forge a log line), and bounded.
 _TEXT = re.compile(f"[^\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]{{0,{MAX_TEXT}}}")
@@ -141,10 +137,6 @@ def _is_tensor_map(v: Any) -> bool:
     )
 
 
-def _is_opt_tensor_map(v: Any) -> bool:
-    return v is None or _is_tensor_map(v)
-
-
 def _is_curve(v: Any) -> bool:
     return isinstance(v, list) and all(
         isinstance(p, list | tuple) and len(p) == 3 and _is_seconds(p[0]) and _is_score(p[1])
@@ -155,10 +147,6 @@ def _is_curve(v: Any) -> bool:
 _is_epoch = _within(0.0, MAX_EPOCH)
 _is_seconds = _within(0.0, MAX_SECONDS)
 _is_score = _within(-MAX_SCORE, MAX_SCORE)
-
-
-def _is_opt_score(v: Any) -> bool:
-    return v is None or _is_score(v)
 
 
 def _to_curve(v: list[Any]) -> list[tuple[float, float, int]]:
@@ -176,30 +164,34 @@ def _to_top(v: list[Any]) -> list[tuple[str, float]]:
     return [(str(a), float(b)) for a, b in v]
 
 
-def _is_opt_ref(v: Any) -> bool:
+def _is_ref(v: Any) -> bool:
     try:
-        return v is None or isinstance(BlobRef.from_wire(v), BlobRef)
+        return isinstance(BlobRef.from_wire(v), BlobRef)
     except BlobError:
         return False
 
 
-def _to_opt_ref(v: Any) -> BlobRef | None:
-    return None if v is None else BlobRef.from_wire(v)
+def _optional(rule: Rule) -> Rule:
+    """``rule``, or nil."""
+    return Rule(lambda v: v is None or rule.check(v), rule.want + " or nil",
+                lambda v: None if v is None else rule.convert(v))
 
 
+_TOKEN_RULE = Rule(_is_token, _TOKEN_WANT)
+_SCORE_RULE = Rule(_is_score, f"a finite number with |x| <= {MAX_SCORE:g}")
 RULES: dict[Any, Rule] = {
     str: Rule(_is_str, f"a string of at most {MAX_TEXT} characters without control "
                         f"characters"),
-    Token: Rule(_is_token, _TOKEN_WANT),
-    Token | None: Rule(_is_opt_token, _TOKEN_WANT + " or nil"),
+    Token: _TOKEN_RULE,
+    Token | None: _optional(_TOKEN_RULE),
     int: Rule(is_int, "an integer"),
     bool: Rule(_is_bool, "true or false"),
     Count: Rule(is_count, f"an integer in [0, {MAX_COUNT}]"),
     float: Rule(is_finite, "a finite number"),
     Epoch: Rule(_is_epoch, f"epoch seconds in [0, {MAX_EPOCH:.0f}]"),
     Seconds: Rule(_is_seconds, f"seconds in [0, {MAX_SECONDS:g}]"),
-    Score: Rule(_is_score, f"a finite number with |x| <= {MAX_SCORE:g}"),
-    Score | None: Rule(_is_opt_score, f"a finite number with |x| <= {MAX_SCORE:g} or nil"),
+    Score: _SCORE_RULE,
+    Score | None: _optional(_SCORE_RULE),
     dict[str, Scalar]: Rule(_is_scalar_map, f"a map of at most {MAX_KEYS} finite scalars "
                              f"(keys: 1-64 printable ASCII characters without spaces; "
                              f"strings: at most 256 characters without control characters)"),
@@ -207,9 +199,9 @@ RULES: dict[Any, Rule] = {
                             f"1-128 printable ASCII characters without spaces)"),
     TensorDict: Rule(_is_tensor_map, "a map of tensors (keys: 1-128 printable ASCII "
                       "characters without spaces)"),
-    TensorDict | None: Rule(_is_opt_tensor_map, "a map of tensors or nil"),
-    BlobRef | None: Rule(_is_opt_ref, "a blob reference {uri, sha256, size} or nil",
-                         _to_opt_ref),
+    TensorDict | None: _optional(Rule(_is_tensor_map, "a map of tensors")),
+    BlobRef | None: _optional(Rule(_is_ref, "a blob reference {uri, sha256, size}",
+                                   BlobRef.from_wire)),
     list[tuple[float, float, int]]: Rule(_is_curve, "a list of [seconds, score, steps]",
                                           _to_curve),
     list[tuple[str, float]]: Rule(_is_top, "a list of [id, score]", _to_top),
