@@ -192,7 +192,10 @@ the leader at equal training takes all but the others' floors from the moment tw
 measured. Seen on Hopper-v5 (seed 0, the lone SAC pod at 2,108 env steps/s): PPO led SAC
 by 5 points (314 against 309) after about 66 s of training each, both flat; SAC's first
 lineage stood idle from 66 s to 127 s while TD3 was measured on one pod and PPO went on
-on the other, PPO kept the pod first, and the run scored 1345 against SAC alone's 3157."""
+on the other, PPO kept the pod first, and the run scored 1345 against SAC alone's 3157.
+Against ``"ready"`` (300 s, 3 seeds, the lone SAC pod at 700-1,150 env steps/s): Hopper-v5
+652, 749, 441 against 2562, 2699, 477; HalfCheetah-v5 5467, 4626 against 4908, 4659, 6684
+(docs/concepts.md): not better, so not the default."""
 RETURN = "return the leader's best lineage to its best checkpoint"
 """The reason of a keeper's round that continues the algorithm's best checkpoint, not its
 fallen head (Hopper, measured: SAC's best lineage reached 2119 at 180 s, then went 1567,
