@@ -18,6 +18,8 @@ from broker.transports.base import Transport
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+STOP_RESUBSCRIBE_S = 2.0
+"""Seconds between attempts to subscribe to ``control.stop`` again (``watch_stop``)."""
 RETURN_SILENT_S = 3 * DEFAULT_HEARTBEAT_INTERVAL
 """A pod not heard from this long is not waited for (it died, or left before the stop)."""
 RETURN_HEAR_ALL_S = DEFAULT_HEARTBEAT_INTERVAL + 1.0
@@ -28,16 +30,29 @@ RETURN_WAIT_S = 120.0
 ``STOPPED``: a pod stuck in its last round does not hold the run's end for ever."""
 
 
-async def watch_stop(ctx: ServiceContext[Any], transport: Transport) -> None:
-    """Set ``ctx.stopping`` when ``control.stop`` arrives on the events exchange."""
-    async with transport.subscribe(["control.stop"]) as events:
-        ctx.listening.set()
-        async for event in events:
-            if isinstance(event, Stop):
-                log.info("%s: control.stop (%s)", ctx.name, event.reason)
-                ctx.announced = event
-                ctx.stop()
-                return
+async def watch_stop(ctx: ServiceContext[Any], transport: Transport,
+                     retry_s: float = STOP_RESUBSCRIBE_S) -> None:
+    """Set ``ctx.stopping`` when ``control.stop`` arrives on the events exchange.
+
+    A subscription that cannot be opened or fails (the broker away for a moment) is
+    opened again every ``retry_s`` seconds, with a warning: a service that cannot hear
+    ``control.stop`` would outlive its experiment. It ends when the transport closes."""
+    while True:
+        try:
+            async with transport.subscribe(["control.stop"]) as events:
+                ctx.listening.set()
+                async for event in events:
+                    if isinstance(event, Stop):
+                        log.info("%s: control.stop (%s)", ctx.name, event.reason)
+                        ctx.announced = event
+                        ctx.stop()
+                        return
+            return  # the transport closed
+        except BrokerError as exc:
+            log.warning("%s: cannot hear control.stop (%s); subscribing again in %.0f s",
+                        ctx.name, exc, retry_s)
+        if await sleep_or_stop(ctx, retry_s):
+            return
 
 
 class Returning:

@@ -17,7 +17,10 @@
   gone (or its channel closed) for ``cancel_grace`` seconds while connected, so the
   supervisor restarts the service: never a silent stall. A subscription in that state
   is opened again on a new queue (``_keep_subscribed``): its exclusive queue may not be
-  declarable again, when a cluster node that dropped out still holds the old one.
+  declarable again, when a cluster node that dropped out still holds the old one. A
+  subscription's watchdog also asks the broker (a passive declare every few checks)
+  whether its queue still has its one consumer: after reconnects across cluster nodes
+  the client side can look whole while nothing is delivered.
 - Deliveries and their iterators live in ``broker.transports.amqp_inbox``: those
   received on a channel that has since closed are dropped (the broker redelivers them).
 - aio-pika / aiormq exceptions (``broker.transports.amqp_inbox.BROKER_ERRORS``) never
@@ -359,11 +362,13 @@ class AmqpTransport:
         async def on_message(raw: AbstractIncomingMessage) -> None:
             await inbox.put(raw)
 
-        async def open_queue() -> tuple[AbstractRobustChannel, str]:
+        async def open_queue() -> tuple[AbstractRobustChannel, str, str]:
             name = self._topology.subscriber(service or process_role(),
                                              f"{process_id()}.{uuid.uuid4().hex[:6]}")
-            return await subscriber_queue(await self._consumer_conn(), self._topology.events,
-                                          name, checked, on_message)
+            channel, tag = await subscriber_queue(await self._consumer_conn(),
+                                                  self._topology.events, name, checked,
+                                                  on_message)
+            return channel, tag, name
 
         try:
             current = [await open_queue()]
@@ -383,17 +388,25 @@ class AmqpTransport:
                 await current[0][0].close()
 
     async def _keep_subscribed(
-        self, current: list[tuple[AbstractRobustChannel, str]],
-        open_queue: Callable[[], Awaitable[tuple[AbstractRobustChannel, str]]], label: str,
+        self, current: list[tuple[AbstractRobustChannel, str, str]],
+        open_queue: Callable[[], Awaitable[tuple[AbstractRobustChannel, str, str]]],
+        label: str,
     ) -> None:
         """Open a subscription again, on a new queue, once its consumer is lost
-        (``amqp_inbox.consumer_lost``): a subscriber never goes deaf to ``control.stop``.
-        ``current[0]`` is the live ``(channel, consumer tag)``; what was published
+        (``amqp_inbox.consumer_lost``, asking the broker too: its exclusive queue must
+        count exactly our one consumer): a subscriber never goes deaf to ``control.stop``.
+        ``current[0]`` is the live ``(channel, consumer tag, queue)``; what was published
         between the loss and the new queue is missed (events are best effort)."""
         while True:
-            channel, tag = current[0]
+            channel, tag, queue = current[0]
+
+            async def server_sees(queue: str = queue) -> bool:
+                assert self._consume_conn is not None
+                return (await queue_depth(self._consume_conn, queue))[1] == 1
+
             await consumer_lost(self._consume_conn, channel, tag, f"events {label}",
-                                interval=self.watch_interval, grace=self.cancel_grace)
+                                interval=self.watch_interval, grace=self.cancel_grace,
+                                server_sees=server_sees)
             with suppress(*BROKER_ERRORS):
                 await channel.close()
             while True:

@@ -64,6 +64,9 @@ BROKER_ERRORS: tuple[type[BaseException], ...] = (
 )
 """Everything aio-pika/aiormq/the OS raise when the broker or the link misbehaves."""
 
+PROBE_EVERY = 5
+"""A consumer watchdog asks the broker itself once per this many checks (``consumer_lost``)."""
+
 InboxItem = AbstractIncomingMessage | BaseException | None
 """What an inbox holds: a raw message, the watchdog's error, or ``None`` (stop iterating)."""
 
@@ -294,21 +297,32 @@ async def take(inbox: asyncio.Queue[InboxItem]) -> AbstractIncomingMessage:
 async def consumer_lost(
     conn: AbstractRobustConnection | None, channel: AbstractRobustChannel, tag: str,
     name: str, *, interval: float, grace: float,
+    server_sees: Callable[[], Awaitable[bool]] | None = None,
+    probe_every: int = PROBE_EVERY,
 ) -> None:
     """Return once consumer ``tag`` has been gone from ``channel`` for ``grace`` seconds
     while ``conn`` is up: cancelled by the server and not restored, or its channel closed
     and not reopened (a robust channel whose queue cannot be declared again, as an
     exclusive queue still held on a cluster node that dropped out, stays closed).
 
+    Given ``server_sees`` (does the broker itself still count the consumer?), every
+    ``probe_every``-th check asks it too while the client believes the consumer alive:
+    after a reconnect across cluster nodes the client side can look whole while the
+    broker holds no consumer, and nothing arrives (aio-pika issue #231; an updater missed
+    24 ``control.stop`` events in 120 s after a partition healed, CI 2026-12-02).
+
     Checked every ``interval`` seconds; while ``conn`` reconnects nothing counts
     (aio-pika restores channels and consumers after it).
     """
     missing_since: float | None = None
+    checks = 0
+    served = True  # the broker's last word on the consumer, held between probes
     while True:
         await asyncio.sleep(interval)
         if conn is None or not conn.connected.is_set():
             missing_since = None
             continue
+        checks += 1
         live = False
         if not channel.is_closed:
             try:
@@ -317,14 +331,19 @@ async def consumer_lost(
             except BROKER_ERRORS:
                 continue
             live = tag in cast(aiormq.Channel, underlay).consumers
+        if live and server_sees is not None and checks % probe_every == 0:
+            with suppress(*BROKER_ERRORS):  # a failed probe: ask again next time
+                served = await server_sees()
+        live = live and served
         if live:
             if missing_since is not None:
                 log.info("consumer of %s restored", name)
             missing_since = None
         elif missing_since is None:
             missing_since = time.monotonic()
-            log.warning("consumer of %s gone (cancelled by the server, or its channel "
-                        "closed); waiting for it to be restored", name)
+            log.warning("consumer of %s gone (cancelled by the server, its channel "
+                        "closed, or the broker counts none); waiting for it to be restored",
+                        name)
         elif time.monotonic() - missing_since > grace:
             log.error("consumer of %s not restored within %.0f s", name, grace)
             return

@@ -10,8 +10,10 @@ import sys
 import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import cast
 
 import aio_pika
+import aiormq
 import msgpack
 import pika
 import pytest
@@ -139,6 +141,41 @@ async def test_a_subscription_whose_queue_cannot_come_back_is_opened_on_a_new_on
         after = [n for n in _rabbitmqctl("list_queues", "-q", "name").split()
                  if n.startswith(prefix)]
         assert len(after) == 1 and after != names, (names, after)
+
+
+async def test_a_subscription_the_broker_no_longer_serves_is_opened_on_a_new_one(
+        amqp_url: str, experiment: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The broker holds no consumer on a subscriber's queue while the client still
+    counts its tag: the state a reconnect across cluster nodes can leave (an updater
+    heard none of 24 ``control.stop`` events in 120 s after a partition healed, CI
+    2026-12-02). Made here by cancelling the consumer behind aio-pika's back. The
+    watchdog asks the broker, and the subscription comes back on a new queue."""
+    transport = AmqpTransport(amqp_url, experiment=experiment, secret=secret_from_env(),
+                              watch_interval=0.2, cancel_grace=2.0)
+    async with transport, transport.subscribe(["control.stop"]) as events:
+        assert transport._consume_conn is not None
+        underlay = transport._consume_conn.transport.connection  # type: ignore[union-attr]
+        channels = [cast(aiormq.Channel, ch) for ch in underlay.channels.values() if ch]
+        served = [(ch, tag) for ch in channels for tag in ch.consumers]
+        assert len(served) == 1, served
+        channel, tag = served[0]
+        callback = channel.consumers[tag]
+        await channel.basic_cancel(tag)
+        channel.consumers[tag] = callback  # the client still believes it consumes
+        with caplog.at_level(logging.WARNING, logger="broker"):
+            got = None
+            for i in itertools.count():  # events published before it reopens are lost
+                assert i < 60, "the subscription never heard an event again"
+                await transport.publish_event("control.stop", Stop(
+                    experiment=experiment, reason=f"try {i}"))
+                try:
+                    got = await next_within(events, 0.5)
+                    break
+                except TimeoutError:
+                    continue
+        assert isinstance(got, Stop)
+        assert any("the broker counts none" in r.getMessage() for r in caplog.records)
+        assert any("opened again on a new queue" in r.getMessage() for r in caplog.records)
 
 
 async def test_twenty_mib_payload_goes_through_the_blob_store(

@@ -121,6 +121,12 @@ def _supervise(cluster: Cluster, faults: Faults) -> None:
             cluster.start(proc.role)
 
 
+def _warnings(log: str, most: int = 40) -> str:
+    """The WARNING and ERROR lines of a service's log (the last ``most``)."""
+    lines = [line for line in log.splitlines() if " WARNING " in line or " ERROR " in line]
+    return "\n".join(lines[-most:])
+
+
 def _depth(client: SyncClient, queue: str) -> tuple[int, int]:
     """``(messages, consumers)`` of ``queue``; zeros while no service declared it yet."""
     try:
@@ -216,7 +222,8 @@ def _run(nodes: Nodes, experiment: str, tmp_path: Path, plan: Plan) -> None:
     assert not faults.crashes, faults.crashes
     failing = {n: code for n, code in codes.items() if code != 0}
     assert not failing, f"services did not exit 0 after control.stop: {failing}\n" + "\n".join(
-        f"--- {p.name}\n{p.text()[-1500:]}" for p in cluster.procs if p.name in failing)
+        f"--- {p.name}: its warnings\n{_warnings(p.text())}\n--- {p.name}: its end\n"
+        f"{p.text()[-1500:]}" for p in cluster.procs if p.name in failing)
     assert len(codes) == 2 + plan.pods, f"not every service was alive at the stop: {codes}"
     assert faults.leader_kills == faults.partitions == plan.cycles
     assert ledger.queued and ledger.rows > 0
