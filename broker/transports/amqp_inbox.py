@@ -341,9 +341,9 @@ async def consumer_lost(
             missing_since = None
         elif missing_since is None:
             missing_since = time.monotonic()
-            log.warning("consumer of %s gone (cancelled by the server, its channel "
-                        "closed, or the broker counts none); waiting for it to be restored",
-                        name)
+            why = ("the broker counts none" if not served else
+                   "cancelled by the server, or its channel closed")
+            log.warning("consumer of %s gone (%s); waiting for it to be restored", name, why)
         elif time.monotonic() - missing_since > grace:
             log.error("consumer of %s not restored within %.0f s", name, grace)
             return
