@@ -21,7 +21,7 @@ import pytest
 from broker.core.auth import secret_from_env
 from broker.core.blobstore import FileBlobStore
 from broker.core.messages import CONTENT_TYPE
-from broker.core.schemas import Checkpoint, Initialization, Stop
+from broker.core.schemas import Checkpoint, Initialization, Message, Stop
 from broker.transports.amqp import AmqpTransport
 from broker.transports.base import Transport, broker_returns
 from broker.transports.connect import connect
@@ -109,6 +109,21 @@ def _rabbitmqctl(*args: str) -> str:
                           text=True, timeout=30).stdout
 
 
+async def _hear_again(transport: Transport, events: AsyncIterator[Message]) -> None:
+    """Publish ``control.stop`` every half second until ``events`` hears one (those
+    published before a subscription reopens are lost); fail after 60 tries."""
+    for i in itertools.count():
+        assert i < 60, "the subscription never heard an event again"
+        await transport.publish_event("control.stop", Stop(
+            experiment=transport.topology.experiment, reason=f"try {i}"))
+        try:
+            got = await next_within(events, 0.5)
+        except TimeoutError:
+            continue
+        assert isinstance(got, Stop)
+        return
+
+
 async def test_a_subscription_whose_queue_cannot_come_back_is_opened_on_a_new_one(
         amqp_url: str, experiment: str, caplog: pytest.LogCaptureFixture) -> None:
     """A subscriber's exclusive queue is deleted and its name taken before aio-pika can
@@ -126,17 +141,7 @@ async def test_a_subscription_whose_queue_cannot_come_back_is_opened_on_a_new_on
         with pika.BlockingConnection(pika.URLParameters(amqp_url)) as squatter:
             squatter.channel().queue_declare(names[0], exclusive=True)
             with caplog.at_level(logging.WARNING, logger="broker"):
-                got = None
-                for i in itertools.count():  # events published before it reopens are lost
-                    assert i < 60, "the subscription never heard an event again"
-                    await transport.publish_event("control.stop", Stop(
-                        experiment=experiment, reason=f"try {i}"))
-                    try:
-                        got = await next_within(events, 0.5)
-                        break
-                    except TimeoutError:
-                        continue
-        assert isinstance(got, Stop)
+                await _hear_again(transport, events)
         assert any("opened again on a new queue" in r.getMessage() for r in caplog.records)
         after = [n for n in _rabbitmqctl("list_queues", "-q", "name").split()
                  if n.startswith(prefix)]
@@ -163,17 +168,7 @@ async def test_a_subscription_the_broker_no_longer_serves_is_opened_on_a_new_one
         await channel.basic_cancel(tag)
         channel.consumers[tag] = callback  # the client still believes it consumes
         with caplog.at_level(logging.WARNING, logger="broker"):
-            got = None
-            for i in itertools.count():  # events published before it reopens are lost
-                assert i < 60, "the subscription never heard an event again"
-                await transport.publish_event("control.stop", Stop(
-                    experiment=experiment, reason=f"try {i}"))
-                try:
-                    got = await next_within(events, 0.5)
-                    break
-                except TimeoutError:
-                    continue
-        assert isinstance(got, Stop)
+            await _hear_again(transport, events)
         assert any("the broker counts none" in r.getMessage() for r in caplog.records)
         assert any("opened again on a new queue" in r.getMessage() for r in caplog.records)
 
