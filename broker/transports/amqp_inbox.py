@@ -298,7 +298,6 @@ async def consumer_lost(
     conn: AbstractRobustConnection | None, channel: AbstractRobustChannel, tag: str,
     name: str, *, interval: float, grace: float,
     server_sees: Callable[[], Awaitable[bool]] | None = None,
-    probe_every: int = PROBE_EVERY,
 ) -> None:
     """Return once consumer ``tag`` has been gone from ``channel`` for ``grace`` seconds
     while ``conn`` is up: cancelled by the server and not restored, or its channel closed
@@ -306,7 +305,7 @@ async def consumer_lost(
     exclusive queue still held on a cluster node that dropped out, stays closed).
 
     Given ``server_sees`` (does the broker itself still count the consumer?), every
-    ``probe_every``-th check asks it too while the client believes the consumer alive:
+    ``PROBE_EVERY``-th check asks it too while the client believes the consumer alive:
     after a reconnect across cluster nodes the client side can look whole while the
     broker holds no consumer, and nothing arrives (aio-pika issue #231; an updater missed
     24 ``control.stop`` events in 120 s after a partition healed, CI 2026-12-02).
@@ -331,7 +330,7 @@ async def consumer_lost(
             except BROKER_ERRORS:
                 continue
             live = tag in cast(aiormq.Channel, underlay).consumers
-        if live and server_sees is not None and checks % probe_every == 0:
+        if live and server_sees is not None and checks % PROBE_EVERY == 0:
             with suppress(*BROKER_ERRORS):  # a failed probe: ask again next time
                 served = await server_sees()
         live = live and served
