@@ -95,6 +95,7 @@ TOURNAMENTS: dict[str, Mapping[str, Any]] = {
     "tournament-exploremix": {"population.exploring": "mix"},
     "tournament-explorenear": {"population.exploring": "near"},
     "tournament-explorerising": {"population.exploring": "rising"},
+    "tournament-explorekept": {"population.exploring": "kept"},
     "tournament-trainingdata": {"population.training": "data"},
     "tournament-trainingown": {"population.training": "own"},
     "tournament-envthreads1": {"env_kwargs": {"num_threads": 1}},

@@ -185,7 +185,7 @@ def stalled(curves: Mapping[str, Curve], a: str, drop: float, window: int) -> bo
 def exploring(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
               min_share: float, episodes: int = 1, ready: float = 0.0,
               kept: str | None = None, drop: float = 0.0, only_near: bool = False,
-              window: int = 0) -> dict[str, float]:
+              window: int = 0, only_kept: bool = False) -> dict[str, float]:
     """The weights of the exploring pods' round robin (``leaderboard.population``, step
     1): the mix, but an algorithm that has trained ``ready`` and is behind every other
     at equal training (it loses each of its ``pairs``), or, with ``window``, ``stalled``
@@ -195,7 +195,8 @@ def exploring(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
     at equal training. With none, the kept algorithm's other lineages are the exploring
     pods' best use. ``only_near``: every other algorithm that is not such a challenger
     keeps its floor too, so with no challenger the kept algorithm's other lineages take
-    the rest."""
+    the rest. ``only_kept``: every algorithm but ``kept`` keeps its floor, challenger or
+    not, so the kept algorithm's other lineages take the rest."""
     measured = {a: c for a in mix if (c := curves.get(a)) is not None}
     tally = pairs(measured, episodes)
     others = len(measured) - 1
@@ -203,7 +204,9 @@ def exploring(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
              if others > 0 and c.own_training >= ready and (
                  tally[a][1] == others
                  or (window > 0 and stalled(measured, a, drop, window)))}
-    if kept in measured:
+    if kept in measured and only_kept:
+        floor = set(measured) - {kept}
+    elif kept in measured:
         challengers = {a for a in measured if a != kept and a not in floor
                        and near(measured, a, kept, drop)}
         if challengers:

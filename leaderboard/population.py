@@ -347,6 +347,17 @@ tournament,tournament-explorerising,sac``): Hopper "rising" 3098 ± 177, "near" 
 "rising" none); HalfCheetah 7368 ± 877, 8400 ± 275 and 7859 ± 1708, where the rule
 changed no decision (the gap is the runs' noise). Not the default: the
 case it is for arose on a slow machine, where it was not measured."""
+KEPT = "kept"
+"""A rule of the exploring pods (``PopulationConfig.exploring``): every algorithm but the
+keeper's at its floor, a challenger within a quarter included, so the keeper's other
+lineages (branches of its best) train the exploring pods beyond the floors. Seen on
+HalfCheetah-v5 (2026-12-02, SAC's rounds at about 2,000 env steps/s; runs of
+``benchmarks.lineages`` at 300 s): in three runs SAC's first lineage stood at 4,600-4,700 after
+140 s; where the other pod went to a branch of it (TD3, at 2423, was no challenger) the
+kept lineage read 6405 60 s later and the run ended at 8693; where the other pod trained
+TD3 (at 3396 and 4109, a challenger) it read 5719 and 5477 and the runs ended at 7036
+and 6388. Measured against ``NEAR``: ``docs/concepts.md``, "The tournament against its
+best member, measured"."""
 DATA = "data"
 """The default of ``PopulationConfig.training``: equal training counts a round's own
 seconds (env steps, reproducible) and the experience-pool rows it learned from, each at
@@ -724,7 +735,8 @@ class Planner:
         if shared_pods:
             weights = exploring(self.mix, curves, cfg.min_share, cfg.episodes, cfg.ready_s,
                                 held, RETURN_DROP, cfg.exploring in (NEAR, RISING),
-                                cfg.window if cfg.exploring == RISING else 0)
+                                cfg.window if cfg.exploring == RISING else 0,
+                                only_kept=cfg.exploring == KEPT)
         elif cfg.measure == EVEN and not all(self._ready(curves.get(a)) for a in self.mix):
             weights = dict(self.mix)  # nobody leads before everyone could be compared
         else:

@@ -75,7 +75,7 @@ STAND_INS = ("one-round", "long")
 """The values of ``PopulationSpec.stand_in``, the default first."""
 MEASURES = ("ready", "two-rounds", "even")
 """The values of ``PopulationSpec.measure``, the default first."""
-EXPLORINGS = ("near", "rising", "challengers", "mix")
+EXPLORINGS = ("near", "rising", "challengers", "mix", "kept")
 """The values of ``PopulationSpec.exploring``, the default first."""
 TRAININGS = ("data", "own")
 """The values of ``PopulationSpec.training``, the default first."""
@@ -152,8 +152,9 @@ class PopulationSpec:
     more than a quarter, and risen by no more than a quarter of its own over its last
     four evaluations) at its floor too; ``challengers``, the mix, but the keeper's
     algorithm while it has a challenger, and an algorithm behind every other, at their
-    floor; ``mix``, the mix with only the one
-    behind at its floor (``leaderboard.population``)."""
+    floor; ``mix``, the mix with only the one behind at its floor; ``kept``, every
+    algorithm but the keeper's at its floor, challenger or not, so the keeper's other
+    lineages train those pods (``leaderboard.population``)."""
     training: str = TRAININGS[0]
     """What "equal training" counts when algorithms are compared (``leaderboard.curves``):
     ``data``, the seconds (env steps, reproducible) of a member's own rounds plus the

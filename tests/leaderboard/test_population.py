@@ -1004,3 +1004,21 @@ def test_with_measure_even_no_algorithm_leads_before_every_one_is_measured(
         planner.issued(f"x{k}", plan)
         counts[plan.algorithm] += 1
     assert counts == {"ppo": ppo_rounds, "sac": 6 - ppo_rounds, "td3": 0}
+
+
+def test_by_kept_the_exploring_pods_train_the_keepers_algorithm_even_when_challenged(
+        store: LeaderboardStore) -> None:
+    # HalfCheetah (benchmarks.lineages, 300 s): SAC's first lineage kept at about 4,650;
+    # where TD3 was within a quarter it took the other pod to the end by "near"
+    near = {"ppo": _risen(0.0), "sac": _risen(400.0), "td3": _risen(350.0)}
+    assert exploring(MIX, near, 0.15, kept="sac", drop=0.25, only_kept=True) == \
+        pytest.approx({"ppo": 0.15, "sac": 1.0, "td3": 0.15})
+    # no keeper yet: as "near", the mix with the one behind every other at its floor
+    assert exploring(MIX, near, 0.15, only_kept=True) == \
+        exploring(MIX, near, 0.15, only_near=True)
+    _curve(store, "ppo", [-10.0, 0.0])
+    _curve(store, "sac", [390.0, 400.0])
+    _curve(store, "td3", [340.0, 350.0])
+    planners = _sac_kept(store, ("near", "kept"), sac=1.0, td3=0.2, ppo=2.0)
+    assert planners["near"].next().algorithm == "td3"
+    assert planners["kept"].next().algorithm == "sac"
