@@ -356,8 +356,13 @@ HalfCheetah-v5 (2026-12-02, SAC's rounds at about 2,000 env steps/s; runs of
 140 s; where the other pod went to a branch of it (TD3, at 2423, was no challenger) the
 kept lineage read 6405 60 s later and the run ended at 8693; where the other pod trained
 TD3 (at 3396 and 4109, a challenger) it read 5719 and 5477 and the runs ended at 7036
-and 6388. Measured against ``NEAR``: ``docs/concepts.md``, "The tournament against its
-best member, measured"."""
+and 6388. Measured right after the defaults and SAC alone (``benchmarks.tournament
+--methods tournament-explorekept``, 3 seeds, not interleaved with them): HalfCheetah 7832 ±
+373 against the defaults' 6892 ± 930 and SAC alone's 7762 ± 1630; on Hopper it decided
+as ``NEAR`` would have (no challenger). Not the default: one run on one task, and an
+algorithm behind the keeper at equal training that holds the best checkpoint trains
+only at its floor (``docs/concepts.md``, "The tournament against its best member,
+measured")."""
 DATA = "data"
 """The default of ``PopulationConfig.training``: equal training counts a round's own
 seconds (env steps, reproducible) and the experience-pool rows it learned from, each at
