@@ -469,6 +469,13 @@ def test_an_algorithm_behind_every_other_keeps_only_its_floor_on_the_exploring_p
     assert planner.next().algorithm == "sac"
 
 
+def _flat_ppo_sac_and_td3(store: LeaderboardStore, td3: list[float]) -> None:
+    """PPO flat near 0, SAC at 390-400, TD3 at ``td3``: who is SAC's challenger."""
+    _curve(store, "ppo", [-10.0, 0.0])
+    _curve(store, "sac", [390.0, 400.0])
+    _curve(store, "td3", td3)
+
+
 def _sac_kept(store: LeaderboardStore, rules: Sequence[str], **rounds: float
               ) -> dict[str, Planner]:
     """A planner per exploring rule with one pod busy on PPO and SAC's best lineage kept
@@ -498,9 +505,7 @@ def test_the_keepers_algorithm_keeps_its_floor_on_the_exploring_pods_while_chall
     # nor when the only other one is behind every other
     assert exploring({"ppo": 1.0, "sac": 1.0}, curves, 0.15, kept="sac",
                      drop=0.25) == pytest.approx({"ppo": 0.15, "sac": 1.0})
-    _curve(store, "ppo", [-10.0, 0.0])
-    _curve(store, "sac", [390.0, 400.0])
-    _curve(store, "td3", [340.0, 350.0])
+    _flat_ppo_sac_and_td3(store, [340.0, 350.0])
     planners = _sac_kept(store, ("challengers", "mix"), sac=0.5, td3=1.0, ppo=2.0)
     # by the mix sac (fewest recent rounds) would branch its kept lineage on the other pod
     assert planners["mix"].next().algorithm == "sac"
@@ -525,9 +530,7 @@ def test_by_near_the_exploring_pods_train_the_challengers_else_the_keepers_algor
     # no keeper yet: the mix, only the one behind every other at its floor
     assert exploring(MIX, curves, 0.15, only_near=True) == pytest.approx(
         {"ppo": 0.15, "sac": 1.0, "td3": 1.0})
-    _curve(store, "ppo", [-10.0, 0.0])
-    _curve(store, "sac", [390.0, 400.0])
-    _curve(store, "td3", [280.0, 290.0])
+    _flat_ppo_sac_and_td3(store, [280.0, 290.0])
     planners = _sac_kept(store, ("challengers", "near"), sac=1.0, td3=0.2, ppo=2.0)
     # td3 is owed the round by the mix; by "near" it is not near sac: sac's other lineage
     assert planners["challengers"].next().algorithm == "td3"
@@ -1016,9 +1019,7 @@ def test_by_kept_the_exploring_pods_train_the_keepers_algorithm_even_when_challe
     # no keeper yet: as "near", the mix with the one behind every other at its floor
     assert exploring(MIX, near, 0.15, only_kept=True) == \
         exploring(MIX, near, 0.15, only_near=True)
-    _curve(store, "ppo", [-10.0, 0.0])
-    _curve(store, "sac", [390.0, 400.0])
-    _curve(store, "td3", [340.0, 350.0])
+    _flat_ppo_sac_and_td3(store, [340.0, 350.0])
     planners = _sac_kept(store, ("near", "kept"), sac=1.0, td3=0.2, ppo=2.0)
     assert planners["near"].next().algorithm == "td3"
     assert planners["kept"].next().algorithm == "sac"
