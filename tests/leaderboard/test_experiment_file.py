@@ -82,7 +82,7 @@ def test_defaults_of_a_minimal_file() -> None:
      r"population\.measure: unknown measure 'start' \(use one of ready, two-rounds, even\)"),
     (with_(population={"exploring": "all"}),
      r"population\.exploring: unknown exploring 'all' "
-     r"\(use one of near, rising, challengers, mix\)"),
+     r"\(use one of near, rising, challengers, mix, kept\)"),
     (with_(population={"training": "pool"}),
      r"population\.training: unknown training 'pool' \(use one of data, own\)"),
     (with_(target_score=float("nan")), r"target_score: expected a finite number"),
