@@ -184,8 +184,8 @@ def stalled(curves: Mapping[str, Curve], a: str, drop: float, window: int) -> bo
 
 def exploring(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
               min_share: float, episodes: int = 1, ready: float = 0.0,
-              kept: str | None = None, drop: float = 0.0, only_near: bool = False,
-              window: int = 0, only_kept: bool = False) -> dict[str, float]:
+              kept: str | None = None, drop: float = 0.0, beside: str = "all",
+              window: int = 0) -> dict[str, float]:
     """The weights of the exploring pods' round robin (``leaderboard.population``, step
     1): the mix, but an algorithm that has trained ``ready`` and is behind every other
     at equal training (it loses each of its ``pairs``), or, with ``window``, ``stalled``
@@ -193,10 +193,13 @@ def exploring(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
     so does ``kept``, the algorithm whose best lineage has a pod of its own, while it has
     a challenger: another algorithm not at its floor and ``near`` it (within ``drop``)
     at equal training. With none, the kept algorithm's other lineages are the exploring
-    pods' best use. ``only_near``: every other algorithm that is not such a challenger
-    keeps its floor too, so with no challenger the kept algorithm's other lineages take
-    the rest. ``only_kept``: every algorithm but ``kept`` keeps its floor, challenger or
-    not, so the kept algorithm's other lineages take the rest."""
+    pods' best use. ``beside`` says who else trains there above its floor while ``kept``
+    is measured: every algorithm not at its floor by the rules above (``"all"``), only
+    the challengers (``"challengers"``: with none, the kept algorithm's other lineages
+    take the rest), or nobody, challenger or not (``"none"``: the kept algorithm's other
+    lineages take the rest)."""
+    if beside not in BESIDE:
+        raise ValueError(f"beside must be one of {', '.join(BESIDE)}, got {beside!r}")
     measured = {a: c for a in mix if (c := curves.get(a)) is not None}
     tally = pairs(measured, episodes)
     others = len(measured) - 1
@@ -204,16 +207,20 @@ def exploring(mix: Mapping[str, float], curves: Mapping[str, Curve | None],
              if others > 0 and c.own_training >= ready and (
                  tally[a][1] == others
                  or (window > 0 and stalled(measured, a, drop, window)))}
-    if kept in measured and only_kept:
+    if kept in measured and beside == "none":
         floor = set(measured) - {kept}
     elif kept in measured:
         challengers = {a for a in measured if a != kept and a not in floor
                        and near(measured, a, kept, drop)}
         if challengers:
             floor.add(kept)
-        if only_near:
+        if beside == "challengers":
             floor |= set(measured) - challengers - {kept}
     return {a: w * (min_share if a in floor else 1.0) for a, w in mix.items()}
+
+
+BESIDE = ("all", "challengers", "none")
+"""Who trains beside the kept algorithm on the exploring pods (``exploring``)."""
 
 
 def shares(mix: Mapping[str, float], curves: Mapping[str, Curve | None],

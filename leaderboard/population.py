@@ -316,7 +316,7 @@ every other at its floor."""
 NEAR = "near"
 """The default rule of the exploring pods (``PopulationConfig.exploring``): only the
 keeper's challengers train there beyond their floors (``leaderboard.curves.exploring``,
-``only_near``), and with no challenger the keeper's algorithm takes the rest, its other
+``beside="challengers"``), and with no challenger the keeper's algorithm takes the rest, its other
 lineages (branches of its best) training most of those pods. Seen on Hopper (seed 2, on
 a machine where SAC alone made 1,362 env steps/s): by "challengers" PPO, flat at 174-181
 but ahead of TD3 (at 38) and so not behind every other, took five rounds of the other
@@ -363,6 +363,9 @@ as ``NEAR`` would have (no challenger). Not the default: one run on one task, an
 algorithm behind the keeper at equal training that holds the best checkpoint trains
 only at its floor (``docs/concepts.md``, "The tournament against its best member,
 measured")."""
+BESIDE_KEPT = {NEAR: "challengers", RISING: "challengers", KEPT: "none"}
+"""Who trains beside the keeper's algorithm on the exploring pods, by rule
+(``leaderboard.curves.exploring``'s ``beside``; ``"all"`` by the others)."""
 DATA = "data"
 """The default of ``PopulationConfig.training``: equal training counts a round's own
 seconds (env steps, reproducible) and the experience-pool rows it learned from, each at
@@ -739,9 +742,8 @@ class Planner:
         held = self.incumbent if cfg.exploring != MIX else None
         if shared_pods:
             weights = exploring(self.mix, curves, cfg.min_share, cfg.episodes, cfg.ready_s,
-                                held, RETURN_DROP, cfg.exploring in (NEAR, RISING),
-                                cfg.window if cfg.exploring == RISING else 0,
-                                only_kept=cfg.exploring == KEPT)
+                                held, RETURN_DROP, BESIDE_KEPT.get(cfg.exploring, "all"),
+                                cfg.window if cfg.exploring == RISING else 0)
         elif cfg.measure == EVEN and not all(self._ready(curves.get(a)) for a in self.mix):
             weights = dict(self.mix)  # nobody leads before everyone could be compared
         else:

@@ -519,16 +519,16 @@ def test_by_near_the_exploring_pods_train_the_challengers_else_the_keepers_algor
     # SAC, and by "challengers" took five rounds of the other pod to the end. Here TD3
     # is the one ahead of PPO and more than a quarter below SAC
     curves = {"ppo": _risen(0.0), "sac": _risen(400.0), "td3": _risen(290.0)}
-    assert exploring(MIX, curves, 0.15, kept="sac", drop=0.25, only_near=True) == \
+    assert exploring(MIX, curves, 0.15, kept="sac", drop=0.25, beside="challengers") == \
         pytest.approx({"ppo": 0.15, "sac": 1.0, "td3": 0.15})
     # a challenger within a quarter: it trains, the keeper's algorithm and the rest at
     # their floors (the same as "challengers")
     near = {**curves, "td3": _risen(350.0)}
-    assert exploring(MIX, near, 0.15, kept="sac", drop=0.25, only_near=True) == \
+    assert exploring(MIX, near, 0.15, kept="sac", drop=0.25, beside="challengers") == \
         exploring(MIX, near, 0.15, kept="sac", drop=0.25) == \
         pytest.approx({"ppo": 0.15, "sac": 0.15, "td3": 1.0})
     # no keeper yet: the mix, only the one behind every other at its floor
-    assert exploring(MIX, curves, 0.15, only_near=True) == pytest.approx(
+    assert exploring(MIX, curves, 0.15, beside="challengers") == pytest.approx(
         {"ppo": 0.15, "sac": 1.0, "td3": 1.0})
     _flat_ppo_sac_and_td3(store, [280.0, 290.0])
     planners = _sac_kept(store, ("challengers", "near"), sac=1.0, td3=0.2, ppo=2.0)
@@ -549,9 +549,9 @@ def test_by_rising_an_algorithm_stalled_behind_every_others_best_keeps_its_floor
               "td3": Curve(((100.0, 169.0, 0.0), (136.0, 357.0, 0.0)))}
     assert pairs(curves)["ppo"] == (1, 1)  # ahead of TD3 at equal training
     assert stalled(curves, "ppo", 0.25, 4) and not stalled(curves, "sac", 0.25, 4)
-    by_near = exploring(MIX, curves, 0.15, kept="td3", drop=0.25, only_near=True)
+    by_near = exploring(MIX, curves, 0.15, kept="td3", drop=0.25, beside="challengers")
     assert by_near == pytest.approx({"ppo": 1.0, "sac": 1.0, "td3": 0.15})
-    by_rising = exploring(MIX, curves, 0.15, kept="td3", drop=0.25, only_near=True, window=4)
+    by_rising = exploring(MIX, curves, 0.15, kept="td3", drop=0.25, beside="challengers", window=4)
     assert by_rising == pytest.approx({"ppo": 0.15, "sac": 1.0, "td3": 0.15})
     # still rising over its last four evaluations (60 to 186): a challenger
     risen = Curve(((20.0, 50.0, 0.0), (40.0, 60.0, 0.0), *ppo.points[2:]))
@@ -1014,11 +1014,11 @@ def test_by_kept_the_exploring_pods_train_the_keepers_algorithm_even_when_challe
     # HalfCheetah (benchmarks.lineages, 300 s): SAC's first lineage kept at about 4,650;
     # where TD3 was within a quarter it took the other pod to the end by "near"
     near = {"ppo": _risen(0.0), "sac": _risen(400.0), "td3": _risen(350.0)}
-    assert exploring(MIX, near, 0.15, kept="sac", drop=0.25, only_kept=True) == \
+    assert exploring(MIX, near, 0.15, kept="sac", drop=0.25, beside="none") == \
         pytest.approx({"ppo": 0.15, "sac": 1.0, "td3": 0.15})
     # no keeper yet: as "near", the mix with the one behind every other at its floor
-    assert exploring(MIX, near, 0.15, only_kept=True) == \
-        exploring(MIX, near, 0.15, only_near=True)
+    assert exploring(MIX, near, 0.15, beside="none") == \
+        exploring(MIX, near, 0.15, beside="challengers")
     _flat_ppo_sac_and_td3(store, [340.0, 350.0])
     planners = _sac_kept(store, ("near", "kept"), sac=1.0, td3=0.2, ppo=2.0)
     assert planners["near"].next().algorithm == "td3"
