@@ -404,8 +404,8 @@ class PopulationConfig:
     keeper: str = KEEPERS[0]
     """Whose best lineage keeps a pod of its own: the ``leader`` at equal training until
     another both holds the best checkpoint and beats it there (``agreed``), the algorithm
-    of the ``best`` checkpoint, or the ``leader`` (``broker.core.experiment_specs.
-    PopulationSpec``)."""
+    of the ``best`` checkpoint, the ``leader``, or the leader while its best is ``near``
+    the best checkpoint (``broker.core.experiment_specs.PopulationSpec.keeper``)."""
     handover: str = HANDOVERS[0]
     """When another algorithm is to keep a pod while the last keeper's long round runs:
     once that round ends (``same-pod``) or at the next free pod (``next-pod``). A round
@@ -422,9 +422,11 @@ class PopulationConfig:
     exploring: str = EXPLORINGS[0]
     """Who the pods other than the kept one train: only the keeper's challengers above
     their floors, the keeper's algorithm above its own while it has none (``near``:
-    ``NEAR``); the mix with the keeper's algorithm at its floor while challenged
-    (``challengers``: ``CHALLENGERS``); or the mix (``mix``). An algorithm behind every
-    other at equal training is at its floor in all three."""
+    ``NEAR``); that, and a stalled algorithm at its floor too (``rising``: ``RISING``);
+    the mix with the keeper's algorithm at its floor while challenged (``challengers``:
+    ``CHALLENGERS``); the mix (``mix``); or the keeper's algorithm above its floor, every
+    other at its own (``kept``: ``KEPT``). An algorithm behind every other at equal
+    training is at its floor by every rule."""
     training: str = TRAININGS[0]
     """What equal training counts: a member's own rounds and the pool rows it learned from
     (``data``: ``DATA``, ``leaderboard.curves.cost``), or its own rounds alone (``own``).
