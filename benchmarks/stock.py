@@ -43,7 +43,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import statistics
 import time
 from pathlib import Path
@@ -91,12 +90,13 @@ def run_tournament(seed: int, budget: float) -> tuple[dict[str, Figures], dict[s
     of its checkpoints' validation scores with their backtest returns (``correlations``)."""
     from leaderboard.export import policy_from_store
     from leaderboard.store import LeaderboardStore
+    from podracer import run_dir
     from podracer.train import train
 
     logging.basicConfig(level=logging.WARNING)
     out = OUT / f"tournament-s{seed}"
     if out.exists():
-        shutil.rmtree(out)  # a fresh store: entries of an older run would count
+        run_dir.delete(out, "out")  # a fresh store: an older run's entries would count
     exp = _experiment(seed, budget, f"bench-stock-s{seed}")
     outcome = train(settings_from_env(experiment=exp, store=out), out, progress=False)
     if outcome.exit_code != 0:

@@ -32,7 +32,6 @@ import math
 import multiprocessing
 import os
 import random
-import shutil
 import statistics
 import threading
 import time
@@ -57,6 +56,7 @@ from leaderboard.mutation import fresh_hparams
 from leaderboard.population import KEEPER, RETURN
 from leaderboard.store import Entry, LeaderboardStore
 from leaderboard.updater import MEASURE_EPISODES
+from podracer import run_dir
 from podracer.train import train
 
 log = logging.getLogger(__name__)
@@ -348,7 +348,7 @@ def run_tournament(task: Task, seed: int, budget: float, out: Path, *,
                              **(overrides or {}))
     settings = settings_from_env(experiment=exp, store=out, torch_threads=threads)
     if out.exists():
-        shutil.rmtree(out)  # a fresh store: entries of an older run would count
+        run_dir.delete(out, "out")  # a fresh store: an older run's entries would count
     started_wall, started = time.time(), time.monotonic()
     outcome = train(settings, out, progress=False)
     wall = time.monotonic() - started

@@ -171,13 +171,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     expiry = (parse_duration(args.queue_expiry, "--queue-expiry") if args.queue_expiry
               else DEFAULT_QUEUE_EXPIRY_S)
     if args.fresh and has_run(out):
-        import shutil
+        from podracer import run_dir
 
-        from podracer.run_dir import refuse_if_live
-
-        refuse_if_live(out, "--fresh")  # a run still training is not deleted under it
-        print(f"podracer: --fresh: deleting the earlier run in {out}", flush=True)
-        shutil.rmtree(out)
+        run_dir.delete(out, "--fresh")  # refused while a train still writes it
+        print(f"podracer: --fresh: deleted the earlier run in {out}", flush=True)
     log_to_file(out / "logs" / "train.log", logging.INFO if args.verbose else logging.WARNING)
     result = train(settings, out, progress=not args.quiet, resume=resume_dir is not None,
                    queue_expiry_s=expiry)

@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import socket
 import time
 from collections.abc import Iterator
@@ -177,6 +178,13 @@ def refuse_if_live(out: Path, flag: str) -> None:
             raise _live(out, fd, flag) from None
     finally:
         os.close(fd)
+
+
+def delete(out: Path, flag: str) -> None:
+    """Delete the run in ``out`` (``ConfigError`` naming ``flag`` if a running train
+    holds it: a run still training is not deleted under it)."""
+    refuse_if_live(out, flag)
+    shutil.rmtree(out)
 
 
 def _live(out: Path, fd: int, flag: str = "--out") -> ConfigError:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from broker.core.errors import ConfigError
+from podracer import run_dir
 from podracer.run_dir import LOCK_FILE, RUN_FILE, has_run, refuse_if_live
 
 pytestmark = pytest.mark.timeout(150)
@@ -44,7 +46,7 @@ def test_fresh_refuses_a_run_still_training(tmp_path: Path) -> None:
         stdout, stderr = fresh.communicate(timeout=90)
         assert fresh.returncode == 2, stdout + stderr
         assert "still running" in stderr and f"pid {running.pid}" in stderr
-        assert "deleting" not in stdout
+        assert "deleted the earlier run" not in stdout
         assert running.poll() is None, "the running train was disturbed"
         assert (out / RUN_FILE).is_file()
         assert set(before) <= {p.name for p in out.iterdir()}
@@ -52,3 +54,16 @@ def test_fresh_refuses_a_run_still_training(tmp_path: Path) -> None:
         running.send_signal(signal.SIGINT)
         running.communicate(timeout=60)
     refuse_if_live(out, "--fresh")  # the lock went with the process: no stale refusal
+
+
+def test_delete_refuses_a_held_run_and_deletes_a_released_one(tmp_path: Path) -> None:
+    """What ``--fresh`` and the benchmarks delete a run with: not while a train holds it
+    (two benchmark invocations on one runs/ directory once trained into one store)."""
+    out = tmp_path / "run"
+    with run_dir.holding(out):
+        (out / "leaderboard.sqlite").write_text("the live run's store")
+        with pytest.raises(ConfigError, match="still running"):
+            run_dir.delete(out, "out")
+        assert (out / "leaderboard.sqlite").is_file()
+    run_dir.delete(out, "out")
+    assert not out.exists()
