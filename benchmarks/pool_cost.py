@@ -23,6 +23,7 @@ import time
 import torch
 
 from agents.build import resolve
+from agents.offpolicy import OffPolicyConfig
 from agents.pod.pool import ExperiencePool, node_pool
 from agents.pod.runner import RoundJob, RoundRunner, RunnerConfig
 from agents.registry import default_registry
@@ -45,8 +46,11 @@ def _peer(pool: ExperiencePool, rate: float, stop: multiprocessing.synchronize.E
 
 
 def _round(runner: RoundRunner, args: argparse.Namespace, seed: int) -> float:
-    # updates from the first full batch in both arms: a pooled round starts warm
-    resolved = resolve(runner.registry, args.algo, {"learning_starts": 0})
+    # an off-policy agent updates from the first full batch in both arms (a pooled
+    # round starts warm); PPO only writes its rollouts to the pool
+    spec = runner.registry.get(args.algo)
+    warm = {"learning_starts": 0} if issubclass(spec.config_cls, OffPolicyConfig) else {}
+    resolved = resolve(runner.registry, args.algo, warm)
     job = RoundJob(resolved, args.env, seed, Budget(seconds=args.seconds))
     return runner.run(job).result.metrics["round/steps_per_second"]
 
