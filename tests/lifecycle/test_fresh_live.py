@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from broker.core.errors import ConfigError
-from podracer import run_dir
-from podracer.run_dir import LOCK_FILE, RUN_FILE, has_run, refuse_if_live
+from podracer.run_dir import LOCK_FILE, RUN_FILE, delete, has_run, holding, refuse_if_live
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -60,10 +59,10 @@ def test_delete_refuses_a_held_run_and_deletes_a_released_one(tmp_path: Path) ->
     """What ``--fresh`` and the benchmarks delete a run with: not while a train holds it
     (two benchmark invocations on one runs/ directory once trained into one store)."""
     out = tmp_path / "run"
-    with run_dir.holding(out):
+    with holding(out):
         (out / "leaderboard.sqlite").write_text("the live run's store")
         with pytest.raises(ConfigError, match="still running"):
-            run_dir.delete(out, "out")
+            delete(out, "out")
         assert (out / "leaderboard.sqlite").is_file()
-    run_dir.delete(out, "out")
+    delete(out, "out")
     assert not out.exists()
