@@ -29,7 +29,8 @@ window alone (does selecting on validation pick what trades well later?).
 
 Raw results: ``runs/bench-stock/results.json`` (after every run); the tournament
 stores: ``runs/bench-stock/tournament-s<seed>``. It also prints how long one policy's
-backtest of the whole window takes.
+backtest of the whole window takes. One invocation at a time writes ``runs/bench-stock``:
+a second one in the same working directory is refused, naming the first one's pid.
 
     python -m benchmarks.stock                  # 3 seeds x 4 trainings x 600 s (2 h)
     python -m benchmarks.stock --quick          # 1 seed, 30 s per training (~3 min)
@@ -61,6 +62,7 @@ from envs.registry import make_env
 from envs.stock.backtest import run_policy
 from envs.stock.factory import phase_env
 from envs.stock.spec import AGGREGATES, aggregate
+from podracer import run_dir
 from podracer.backtest_market import METRICS, baselines, curve, market
 
 EXPERIMENT = Path("examples/stock_sp20.toml")
@@ -90,7 +92,6 @@ def run_tournament(seed: int, budget: float) -> tuple[dict[str, Figures], dict[s
     of its checkpoints' validation scores with their backtest returns (``correlations``)."""
     from leaderboard.export import policy_from_store
     from leaderboard.store import LeaderboardStore
-    from podracer import run_dir
     from podracer.train import train
 
     logging.basicConfig(level=logging.WARNING)
@@ -259,6 +260,30 @@ def _columns(rows: list[list[str]]) -> str:
                      for row in rows)
 
 
+def _train_all(methods: list[str], seeds: int, budget: float
+               ) -> tuple[dict[str, list[Figures]], list[dict[str, float]]]:
+    """Every training of the plan, seed by seed (``results.json`` rewritten after each):
+    the figures by row, and each tournament run's rank correlations."""
+    results: dict[str, list[Figures]] = {}
+    rhos: list[dict[str, float]] = []
+    raw: list[dict[str, Any]] = []
+    for seed in range(seeds):
+        for method in methods:
+            started = time.monotonic()
+            if method == "tournament":
+                rows, rho = in_subprocess(run_tournament, seed, budget)
+                rhos.append(rho)
+            else:
+                rows, rho = in_subprocess(run_lone, method, seed, budget), {}
+            for label, figures in rows.items():
+                results.setdefault(label, []).append(figures)
+                raw.append({"row": label, "seed": seed, "budget_s": budget,
+                            "wall_s": time.monotonic() - started, **figures,
+                            **({"rank_correlation": rho} if label == "tournament" else {})})
+            (OUT / "results.json").write_text(json.dumps(raw, indent=1))
+    return results, rhos
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the plan, print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -277,24 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"stock benchmark: {', '.join(methods)}; {seeds} seed(s); {budget:g} s per training; "
           f"{EXPERIMENT}", flush=True)
     print(backtest_speed(), flush=True)
-    OUT.mkdir(parents=True, exist_ok=True)
-    results: dict[str, list[Figures]] = {}
-    rhos: list[dict[str, float]] = []
-    raw: list[dict[str, Any]] = []
-    for seed in range(seeds):
-        for method in methods:
-            started = time.monotonic()
-            if method == "tournament":
-                rows, rho = in_subprocess(run_tournament, seed, budget)
-                rhos.append(rho)
-            else:
-                rows, rho = in_subprocess(run_lone, method, seed, budget), {}
-            for label, figures in rows.items():
-                results.setdefault(label, []).append(figures)
-                raw.append({"row": label, "seed": seed, "budget_s": budget,
-                            "wall_s": time.monotonic() - started, **figures,
-                            **({"rank_correlation": rho} if label == "tournament" else {})})
-            (OUT / "results.json").write_text(json.dumps(raw, indent=1))
+    # one invocation at a time writes OUT: two would replace each other's results.json
+    with run_dir.holding(OUT, by="`python -m benchmarks.stock`", flag="working directory"):
+        results, rhos = _train_all(methods, seeds, budget)
     market_figures = market_rows()
     for label, figures in market_figures.items():
         results[label] = [figures]

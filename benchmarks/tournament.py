@@ -131,7 +131,9 @@ earlier 2-seed run without repeating the first two::
 ``--fresh`` moves an existing ``results.json`` aside (``results-<unix time>.json``) and
 starts an empty one. The stores of the tournament and lone pods go to
 ``runs/bench-tournament/<task>/<row>-s<seed>`` (a drawn row's: ``-d<draw>`` after it).
-The machine must be otherwise idle: the figures are wall-clock figures.
+The machine must be otherwise idle: the figures are wall-clock figures. One invocation
+at a time writes ``runs/bench-tournament``: a second one started in the same working
+directory is refused, naming the first one's pid.
 """
 
 from __future__ import annotations
@@ -157,6 +159,7 @@ from benchmarks.tournament_runs import (
 )
 from benchmarks.tournament_sb3 import SB3_METHODS, run_sb3
 from broker.core.errors import ConfigError
+from podracer import run_dir
 
 TASKS = {
     "pendulum": Task("pendulum", "torch/Pendulum-v1", -200.0, budget=60.0,
@@ -363,15 +366,18 @@ def main(argv: list[str] | None = None) -> None:
         f"{key}: " + ", ".join(f"{m} {n}" for m, n in rows.items() if n)
         for key, rows in plan.items()) + f"; random rows x {draws} draws", flush=True)
     path = OUT / "results.json"
-    if args.fresh and path.is_file():
-        aside = path.with_name(f"results-{int(time.time())}.json")
-        path.replace(aside)
-        print(f"earlier results moved to {aside}", flush=True)
-    earlier = load_results(path)
-    if earlier:
-        print(f"{len(earlier)} earlier run(s) in {path}: the tables include those of these "
-              "tasks at these budgets (--fresh starts anew)", flush=True)
-    results = execute(plan, budgets, draws, args.retries, args.first_seed, earlier)
+    # one invocation at a time writes OUT: two would replace each other's results.json
+    with run_dir.holding(OUT, by="`python -m benchmarks.tournament`",
+                         flag="working directory"):
+        if args.fresh and path.is_file():
+            aside = path.with_name(f"results-{int(time.time())}.json")
+            path.replace(aside)
+            print(f"earlier results moved to {aside}", flush=True)
+        earlier = load_results(path)
+        if earlier:
+            print(f"{len(earlier)} earlier run(s) in {path}: the tables include those of "
+                  "these tasks at these budgets (--fresh starts anew)", flush=True)
+        results = execute(plan, budgets, draws, args.retries, args.first_seed, earlier)
     shown = [r for r in results if r.task in budgets and r.budget == budgets[r.task]]
     print(report([TASKS[key] for key in plan], budgets, shown))
     print(f"\nraw results: {path}")

@@ -143,30 +143,34 @@ class Sessions:
 
 
 LOCK_FILE = ".train.lock"
-"""Held (``flock``) by the ``podracer train`` writing the run, with its pid inside: the
-kernel drops the lock when that process ends however it ends, so a stale file never
-blocks."""
+"""Held (``flock``) by the process writing the run (a ``podracer train``, or a benchmark
+that writes a directory of runs), with its pid and name inside: the kernel drops the lock
+when that process ends however it ends, so a stale file never blocks."""
+
+TRAIN = "`podracer train`"
+"""Who holds a run directory, by default."""
 
 
 @contextlib.contextmanager
-def holding(out: Path) -> Iterator[None]:
-    """Hold ``out``'s run lock for the block (``ConfigError`` if a live train holds it)."""
+def holding(out: Path, by: str = TRAIN, flag: str = "--out") -> Iterator[None]:
+    """Hold ``out``'s lock for the block, as ``by`` (``ConfigError`` naming ``flag`` if a
+    live process holds it)."""
     out.mkdir(parents=True, exist_ok=True)
     fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise _live(out, fd) from None
+            raise _live(out, fd, flag) from None
         os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        os.write(fd, f"{os.getpid()}\n{by}\n".encode())
         yield
     finally:
         os.close(fd)  # closing releases the lock
 
 
 def refuse_if_live(out: Path, flag: str) -> None:
-    """``ConfigError`` naming ``flag`` if a running train holds ``out``'s run lock."""
+    """``ConfigError`` naming ``flag`` if a running process holds ``out``'s lock."""
     try:
         fd = os.open(out / LOCK_FILE, os.O_RDONLY)
     except FileNotFoundError:
@@ -180,6 +184,14 @@ def refuse_if_live(out: Path, flag: str) -> None:
         os.close(fd)
 
 
+def holder(out: Path) -> tuple[str, str]:
+    """The pid and the name written in ``out``'s lock (``"?"`` for what is missing)."""
+    try:
+        return _holder((out / LOCK_FILE).read_text())
+    except OSError:
+        return "?", "?"
+
+
 def delete(out: Path, flag: str) -> None:
     """Delete the run in ``out`` (``ConfigError`` naming ``flag`` if a running train
     holds it: a run still training is not deleted under it)."""
@@ -187,8 +199,13 @@ def delete(out: Path, flag: str) -> None:
     shutil.rmtree(out)
 
 
-def _live(out: Path, fd: int, flag: str = "--out") -> ConfigError:
-    pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-    return ConfigError(flag, f"{out} is the run of a `podracer train` still running "
-                       f"(pid {pid})", "stop that train first (Ctrl-C), or write another "
-                       "directory with --out")
+def _holder(text: str) -> tuple[str, str]:
+    pid, _, by = text.strip().partition("\n")
+    return pid.strip() or "?", by.strip() or TRAIN
+
+
+def _live(out: Path, fd: int, flag: str) -> ConfigError:
+    pid, by = _holder(os.pread(fd, 256, 0).decode(errors="replace"))
+    return ConfigError(flag, f"{out} is being written by {by} (pid {pid}), still running",
+                       "stop that one first (Ctrl-C), or write another directory"
+                       + (f" with {flag}" if flag.startswith("--") else ""))

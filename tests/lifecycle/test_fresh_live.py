@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from broker.core.errors import ConfigError
-from podracer.run_dir import LOCK_FILE, RUN_FILE, delete, has_run, holding, refuse_if_live
+from podracer.run_dir import LOCK_FILE, RUN_FILE, delete, has_run, holder, holding, refuse_if_live
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -38,7 +38,7 @@ def test_fresh_refuses_a_run_still_training(tmp_path: Path) -> None:
     running = _podracer(tmp_path, *train, "--budget", "5m")
     try:
         _wait_for(lambda: has_run(out) and (out / LOCK_FILE).is_file()
-                  and (out / LOCK_FILE).read_text().strip() == str(running.pid),
+                  and holder(out) == (str(running.pid), "`podracer train`"),
                   90, "the first train to record its session")
         before = sorted(p.name for p in out.iterdir())
         fresh = _podracer(tmp_path, *train, "--budget", "3s", "--fresh")
@@ -66,3 +66,17 @@ def test_delete_refuses_a_held_run_and_deletes_a_released_one(tmp_path: Path) ->
         assert (out / "leaderboard.sqlite").is_file()
     delete(out, "out")
     assert not out.exists()
+
+
+def test_a_benchmark_holding_its_directory_is_named_in_the_refusal(tmp_path: Path) -> None:
+    """Two invocations of one benchmark on one runs/ directory: the second is refused,
+    naming the first (they once both wrote its results.json)."""
+    by = "`python -m benchmarks.tournament`"
+    with holding(tmp_path, by=by, flag="working directory"):
+        with pytest.raises(ConfigError, match=r"benchmarks\.tournament` \(pid \d+\), "
+                           "still running") as refused, \
+                holding(tmp_path, by=by, flag="working directory"):
+            pass
+        assert refused.value.field == "working directory"
+    with holding(tmp_path):  # released when the first ended
+        assert holder(tmp_path) == (str(os.getpid()), "`podracer train`")
