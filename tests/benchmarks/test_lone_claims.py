@@ -60,11 +60,19 @@ def test_a_refuted_claim_trains_on_and_the_next_claim_that_holds_counts(
 
 def test_a_claim_never_measured_at_the_target_is_no_hit(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    _, measure = _measurements([-2e9] * 1000)
-    monkeypatch.setattr(tournament_runs, "measure_claim", measure)
-    run = _train_agent(TASK, "ppo", {}, 0, 3.0, time.monotonic(), threading.Event())
+    seeds, measure = _measurements([-2e9] * 1000)
+    stop = threading.Event()
+
+    def refute_three_then_stop(*args: object) -> float:
+        verdict = measure(*args)  # type: ignore[operator]
+        if len(seeds) == 3:
+            stop.set()  # as another agent's hit would: not a deadline the machine races
+        return verdict
+    monkeypatch.setattr(tournament_runs, "measure_claim", refute_three_then_stop)
+    run = _train_agent(TASK, "ppo", {}, 0, 120.0, time.monotonic(), stop)
     assert run.reached_at is None and run.target_state is None
-    assert run.refuted >= 2  # it trained on after each refutation until the deadline
+    # it trained on after each refutation, and every claim measured was counted
+    assert run.refuted == len(seeds) >= 3
     assert run.best_score is not None  # its best in-training state is still scored
 
 
