@@ -95,6 +95,17 @@ def _was_measured_again(out: Path, before: Entry) -> bool:
     return now is not None and now.reevaluated and now.score_mean < before.score_mean
 
 
+def _logs(out: Path) -> str:
+    return "\n".join(f"== {p.name}\n{p.read_text()}" for p in sorted((out / "logs").glob("*.log")))
+
+
+def _ps() -> str:
+    """The podracer processes still running (a pod leads its own session)."""
+    ps = subprocess.run(["ps", "-eo", "pid,ppid,pgid,etimes,args"], capture_output=True,
+                        text=True, timeout=30)
+    return "\n".join(line for line in ps.stdout.splitlines() if "podracer" in line)
+
+
 def _sessions(out: Path) -> list[dict[str, object]]:
     sessions = json.loads((out / "run.json").read_text())["sessions"]
     assert isinstance(sessions, list)
@@ -142,10 +153,14 @@ def test_interrupted_run_resumes_to_one_continuous_run(
     second = _train(["--resume", str(out)], amqp_url)
     try:
         output, _ = second.communicate(timeout=240)
+    except subprocess.TimeoutExpired as exc:  # what each service was doing when it hung
+        os.killpg(second.pid, signal.SIGKILL)
+        pytest.fail(f"the resumed run did not end in 240 s: {exc.output!r}\n"
+                    f"{_ps()}\n{_logs(out)[-12000:]}")
     finally:
         if second.poll() is None:
             os.killpg(second.pid, signal.SIGKILL)
-    logs = "\n".join(p.read_text() for p in sorted((out / "logs").glob("*.log")))
+    logs = _logs(out)
     assert second.returncode == 0, output[-3000:] + logs[-4000:]
     assert "resuming" in output and "time budget spent" in output
 
