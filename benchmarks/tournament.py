@@ -19,6 +19,8 @@ machine). Rows:
   every other member's new pool rows, only those off-policy learners collected, only
   those of policies scoring near its own or above, or none (``pool_intake``);
   ``tournament-sac1pod``: SAC alone on one pod in the tournament's rounds;
+  ``tournament-firstsac``: with SAC's first lineage keeping a pod from its second round
+  on while the other algorithms are measured (``population.first_keeper``);
   ``tournament-keeperthree``, ``tournament-keeperyield``: with the kept pod's rounds
   three rounds long (the default), or running until the run ends or they are told to
   yield (``population.keeper_round``);

@@ -104,6 +104,7 @@ TOURNAMENTS: dict[str, Mapping[str, Any]] = {
     "tournament-sac1pod": {"algos": {"sac": 1}, "pods": 1},
     "tournament-keeperthree": {"population.keeper_round": "three-rounds"},
     "tournament-keeperyield": {"population.keeper_round": "until-yielded"},
+    "tournament-firstsac": {"population.first_keeper": "sac"},
 }
 """The tournament rows: the default ``podracer train``, and the same with one experiment
 override (``Experiment.with_overrides`` keys): without the shared experience pool (the
@@ -130,7 +131,8 @@ tasks only; by default on the node's CPUs shared among its pods,
 tournament of the lone row's algorithm, its pods all SAC lineages, so that the price of
 measuring the other algorithms shows apart from the rest), and with one pod of it (the
 lone SAC pod in the tournament's rounds: what rounds cost a lineage apart from the
-pool and the other pod); the rows keep their meaning
+pool and the other pod), and with SAC's first lineage keeping a pod from its second round
+on (``population.first_keeper``); the rows keep their meaning
 whatever the default)."""
 MEASURE_SEED = 54_321
 """Seeds of a lone agent's claim measurements (``measure_claim``), apart from ``EVAL_SEED``."""

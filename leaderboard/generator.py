@@ -109,7 +109,7 @@ def population_config(experiment: Experiment, pods: int) -> PopulationConfig:
     rules = PopulationConfig(
         members=spec.members or max(1, pods), min_share=spec.min_share, keeper=spec.keeper,
         handover=spec.handover, stand_in=spec.stand_in, measure=spec.measure,
-        exploring=spec.exploring, training=spec.training,
+        exploring=spec.exploring, training=spec.training, first_keeper=spec.first_keeper,
         keeper_round=UNTIL_YIELDED if experiment.kept_rounds_yield else KEEPER_ROUNDS_RULES[0],
         explore_p=experiment.explore_p,
         episodes=experiment.eval_episodes)

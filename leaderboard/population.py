@@ -212,6 +212,14 @@ so it measures the early keeper's luck more than this rule. On HalfCheetah (3 se
 round 7403 ± 796, a long round 8689 ± 423, SAC alone 8034 ± 658, with the same decisions
 in both rows (SAC kept the pod from about 95 s; no keeper change, so no stand-in): the
 gap is run-to-run noise. Kept as the default because it removes a cost seen twice."""
+FIRST_KEEPER = "population.first_keeper"
+"""The experiment key naming an algorithm whose first lineage keeps a pod from its second
+round on, before every algorithm is measured (``Planner._first_kept``; not set by
+default). The best lineage of a tournament trained 0.75-0.90x the env steps of a lone
+SAC pod on HalfCheetah-v5 (docs/concepts.md): the first keeper was chosen at 130-165 s,
+once every algorithm had trained ``ready_s``, and SAC's lineage waited for pods until
+then. Named here, that lineage is the incumbent from the start, the others are measured
+on the other pods, and the keeper rule (``AGREED``) hands the pod over on evidence."""
 RETURN_DROP = 0.25
 """Least fall below the algorithm's best checkpoint, as a share of that score's
 magnitude, that counts as a collapse (``RETURN``). Significance alone is not enough:
@@ -435,6 +443,9 @@ class PopulationConfig:
     """How long a keeper's round runs: ``KEEPER_ROUNDS`` rounds (``three-rounds``, the
     default), or until the run ends or ``Planner.yields`` ends it (``until-yielded``:
     ``UNTIL_YIELDED``)."""
+    first_keeper: str = ""
+    """An algorithm whose first lineage keeps a pod, as the incumbent, before every
+    algorithm is measured (``FIRST_KEEPER``); empty: none."""
     explore_p: float = 0.0
     """Probability that a round starts a fresh lineage with sampled hyperparameters."""
     window: int = 4
@@ -737,7 +748,9 @@ class Planner:
         curves = self._curves()
         share = shares(self.mix, curves, cfg.min_share, cfg.episodes)
         keeps, shared_pods = self._keeps(curves)
-        keeper = self._keeper_round(keeps) if keeps is not None else None
+        # (``keeps`` is given only around a kept pod; before, a first keeper may take one)
+        keeper = self._keeper_round(keeps) if keeps is not None else (
+            None if shared_pods else self._first_kept())
         if keeper is not None:
             return keeper
         measuring = self._measuring_round(curves)
@@ -831,6 +844,17 @@ class Planner:
             if keeper is not None and self.config.stand_in == "one-round":
                 keeper = dataclasses.replace(keeper, keeper=False, reason=STAND_IN)
         return keeper
+
+    def _first_kept(self) -> Plan | None:
+        """The kept round of ``PopulationConfig.first_keeper``'s lineage before the pods are
+        shared out around a keeper (``FIRST_KEEPER``): once it has a checkpoint, while
+        another round is in flight (there is another pod) and no kept round is."""
+        algorithm = self.config.first_keeper
+        if not algorithm or algorithm not in self.mix or not self._issued \
+                or any(rec.plan.keeper for rec in self._issued.values()) \
+                or not self.store.top(1, algorithm=algorithm):
+            return None
+        return self._keeper(algorithm)
 
     def _ready(self, curve: Curve | None) -> bool:
         """Whether an algorithm of this ``curve`` is measured (``PopulationConfig.measure``):

@@ -275,7 +275,7 @@ def _selection(table: Table) -> SelectionSpec:
     return SelectionSpec(name=name, params=params)
 
 
-def _population(table: Table) -> PopulationSpec:
+def _population(table: Table, algos: Mapping[str, float]) -> PopulationSpec:
     spec = PopulationSpec(
         members=table.required_integer("members", 0, 0),
         ready_s=table.required_number("ready_s", 0.0, 0.0, math.inf),
@@ -286,11 +286,23 @@ def _population(table: Table) -> PopulationSpec:
         measure=table.string("measure", MEASURES[0]),
         exploring=table.string("exploring", EXPLORINGS[0]),
         training=table.string("training", TRAININGS[0]),
-        keeper_round=table.string("keeper_round", KEEPER_ROUNDS_RULES[0]))
+        keeper_round=table.string("keeper_round", KEEPER_ROUNDS_RULES[0]),
+        first_keeper=_first_keeper(table.raw("first_keeper", "")))
+    if spec.first_keeper and spec.first_keeper not in algos:
+        raise ConfigError("population.first_keeper",
+                          f"{spec.first_keeper!r} is not in algos",
+                          f"use one of {', '.join(algos)}, or leave it empty")
     check_rules(spec.keeper, spec.handover, spec.stand_in, spec.measure, spec.exploring,
                 spec.training, spec.keeper_round)
     table.finish()
     return spec
+
+
+def _first_keeper(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ConfigError("population.first_keeper", f"expected a string, got {value!r}",
+                          'name an algorithm of algos, e.g. first_keeper = "sac"')
+    return value
 
 
 def _mutation(table: Table) -> MutationConfig:
@@ -442,7 +454,7 @@ def parse_experiment(data: Mapping[str, Any], check: Check | None = None) -> Exp
         selection=_selection(top.table("selection")),
         mutation=_mutation(top.table("mutation")),
         explore_p=top.required_number("explore_p", 0.0, 0.0, 1.0),
-        population=_population(top.table("population")),
+        population=_population(top.table("population"), algos),
         eval_episodes=top.required_integer("eval_episodes", 16, 1),
         num_envs=_num_envs(top.raw("num_envs", {}), algos),
         hparams=_hparams(top.table("hparams"), algos),

@@ -169,6 +169,12 @@ class PopulationSpec:
     it to yield, ``control.yield``), reporting its intermediate bests as it
     goes, as a lone pod's one long round does; ``three-rounds``, three rounds, then the
     lineage is continued by a new round (``leaderboard.population.UNTIL_YIELDED``)."""
+    first_keeper: str = ""
+    """An algorithm of ``algos`` whose first lineage keeps a pod from its second round on,
+    as the incumbent keeper, while the other algorithms are measured on the other pods
+    (more than one pod); the keeper rule then hands the pod over on evidence
+    (``keeper``). Empty (the default): no keeper before every algorithm is measured
+    (``leaderboard.population.FIRST_KEEPER``)."""
 
 
 SNAPSHOT_EVERY_S = 60.0

@@ -37,7 +37,8 @@ def test_every_population_setting_reaches_the_planner() -> None:
     # kept round ran until the run ended and was never told to yield
     values = {"members": 3, "ready_s": 45.0, "min_share": 0.2, "keeper": "best",
               "handover": "next-pod", "stand_in": "long", "measure": "two-rounds",
-              "exploring": "mix", "training": "own", "keeper_round": UNTIL_YIELDED}
+              "exploring": "mix", "training": "own", "keeper_round": UNTIL_YIELDED,
+              "first_keeper": "sac"}
     exp = default_experiment("torch/Pendulum-v1", total_budget={"seconds": 300},
                              **{f"population.{k}": v for k, v in values.items()})
     spec = dataclasses.asdict(exp.population)

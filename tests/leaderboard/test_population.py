@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from broker.core.errors import ConfigError
+from broker.core.experiment import parse_experiment
 from broker.core.schemas import Checkpoint
 from leaderboard.curves import Curve, exploring, leader, learned, pairs, shares, stalled
 from leaderboard.population import (
@@ -1023,3 +1024,40 @@ def test_by_kept_the_exploring_pods_train_the_keepers_algorithm_even_when_challe
     planners = _sac_kept(store, ("near", "kept"), sac=1.0, td3=0.2, ppo=2.0)
     assert planners["near"].next().algorithm == "td3"
     assert planners["kept"].next().algorithm == "sac"
+
+
+def test_a_first_keeper_keeps_a_pod_from_its_second_round_while_the_others_are_measured(
+        store: LeaderboardStore) -> None:
+    planner = _planner(store, measure="ready", ready_s=60.0, first_keeper="sac")
+    first = planner.next()
+    planner.issued("i-ppo", first)
+    second = planner.next()
+    planner.issued("i-sac", second)
+    assert (first.algorithm, second.algorithm) == ("ppo", "sac")
+    assert not first.keeper and not second.keeper
+    _put(store, "i-sac", "sac", -100.0)  # SAC's first round is back; PPO's still runs
+    kept = planner.next()
+    assert kept.keeper and kept.algorithm == "sac" and kept.parent is not None \
+        and kept.parent.id == "i-sac"
+    planner.issued("k-sac", kept)
+    assert planner.incumbent == "sac"
+    # only one kept round at a time: the next free pod measures TD3
+    other = planner.next()
+    assert not other.keeper and other.algorithm == "td3"
+
+
+def test_without_another_pod_a_first_keeper_takes_no_pod_of_its_own(
+        store: LeaderboardStore) -> None:
+    planner = _planner(store, measure="ready", ready_s=60.0, first_keeper="sac")
+    _put(store, "s0", "sac", -100.0)
+    plan = planner.next()  # nothing in flight: one pod, whose rounds the mix shares
+    assert not plan.keeper and planner.incumbent is None
+
+
+def test_a_first_keeper_must_be_one_of_the_algorithms() -> None:
+    data = {"name": "x", "env": "torch/Pendulum-v1", "algos": {"ppo": 1, "sac": 1},
+            "population": {"first_keeper": "td3"}}
+    with pytest.raises(ConfigError, match=r"population\.first_keeper.*not in algos"):
+        parse_experiment(data)
+    ok = parse_experiment({**data, "population": {"first_keeper": "sac"}})
+    assert ok.population.first_keeper == "sac"
