@@ -219,7 +219,16 @@ default). The best lineage of a tournament trained 0.75-0.90x the env steps of a
 SAC pod on HalfCheetah-v5 (docs/concepts.md): the first keeper was chosen at 130-165 s,
 once every algorithm had trained ``ready_s``, and SAC's lineage waited for pods until
 then. Named here, that lineage is the incumbent from the start, the others are measured
-on the other pods, and the keeper rule (``AGREED``) hands the pod over on evidence."""
+on the other pods, and the keeper rule (``AGREED``) hands the pod over on evidence.
+Measured on 2026-12-03 (the lone SAC pod 2,608 env steps/s on HalfCheetah-v5, 2,580 on
+Hopper-v5), 300 s, 3 seeds, ``first_keeper = "sac"`` interleaved with SAC alone and the
+defaults right after: HalfCheetah 8447 ± 481 (8582, 8847, 7914), the defaults 8039 ± 854
+(8718, 7080, 8319), SAC alone 8068 ± 934; Hopper 3021 ± 192 (2823, 3206, 3034), the
+defaults 3245 ± 2, SAC alone 3334 ± 242. SAC kept a pod from 23-28 s, yet the best
+lineage trained as much as with the defaults on HalfCheetah (0.94-0.96x the lone pod's
+env steps, the defaults 0.94-0.95x), and on Hopper the best checkpoint's lineage trained
+less (0.48-0.73x, the defaults 0.67-0.87x; in seed 0 a branch on the other pod made it
+while the kept lineage fell from 2271 to 1021); so it is not the default."""
 RETURN_DROP = 0.25
 """Least fall below the algorithm's best checkpoint, as a share of that score's
 magnitude, that counts as a collapse (``RETURN``). Significance alone is not enough:
