@@ -228,7 +228,12 @@ defaults 3245 ± 2, SAC alone 3334 ± 242. SAC kept a pod from 23-28 s, yet the 
 lineage trained as much as with the defaults on HalfCheetah (0.94-0.96x the lone pod's
 env steps, the defaults 0.94-0.95x), and on Hopper the best checkpoint's lineage trained
 less (0.48-0.73x, the defaults 0.67-0.87x; in seed 0 a branch on the other pod made it
-while the kept lineage fell from 2271 to 1021); so it is not the default."""
+while the kept lineage fell from 2271 to 1021). On a slow machine (2026-12-03, the lone
+pod 993 and 1,010 env steps/s), seeds interleaved with the defaults and SAC alone:
+HalfCheetah 5660 ± 810 against the defaults' 4899 ± 648 and SAC alone's 5865 ± 1002 (the
+best lineage 0.95-1.02x the lone pod's env steps, the defaults' 0.65-1.01x); Hopper 1385 ±
+922 against 1785 ± 774 and 2413 ± 934 (a stuck SAC lineage held the pod). It helps where
+SAC leads from the start and costs where it sticks, so it is not the default."""
 RETURN_DROP = 0.25
 """Least fall below the algorithm's best checkpoint, as a share of that score's
 magnitude, that counts as a collapse (``RETURN``). Significance alone is not enough:
